@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds (or reuses) the project's controller virtualenv in .venv from requirements/controller.lock.
+# The venv is rebuilt only when the lock, pyproject.toml or requirements.yml changed: a marker file
+# holds their combined hash, so re-running this is a few milliseconds on an unchanged checkout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${REGEN_VENV:-.venv}
+MARKER="$VENV/.regen-lock.sha256"
+want=$(cat requirements/controller.lock pyproject.toml requirements.yml | sha256sum | cut -d' ' -f1)
+
+if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$want" ] && [ -x "$VENV/bin/ansible-playbook" ]; then
+  exit 0
+fi
+
+echo "bootstrap: building $VENV from requirements/controller.lock (once per lock change)"
+"$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), f"regen needs Python >= 3.11, found {sys.version.split()[0]}"'
+[ -d "$VENV" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade 'pip==26.3'
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements/controller.lock
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+
+# Collections: only what requirements.yml pins, into a project-local path that ansible.cfg reads.
+if grep -qE '^\s*-\s*name:' requirements.yml; then
+  "$VENV/bin/ansible-galaxy" collection install -r requirements.yml -p .collections
+fi
+echo "$want" > "$MARKER"
+echo "bootstrap: $VENV ready ($("$VENV/bin/ansible" --version | head -1))"
