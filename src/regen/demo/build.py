@@ -1,0 +1,332 @@
+"""Build the demo model directory: ``python -m regen.demo.build --output DIR [--seed N] [--check] [--json]``.
+
+The directory looks like the real Kimi K2.6 checkpoint at tiny scale (see ``regen.demo.spec``): nested
+config.json with remote code, a tiktoken tokenizer that needs ``trust_remote_code``, a chat template with
+Kimi's ``thinking`` switch, and sharded safetensors with seeded random weights.
+
+Idempotent: the directory records a hash of everything the build depends on (builder version, spec and
+seed, the sources of the builder, the model-dir files and the corpus, and the versions of the libraries
+that shape the bytes) and the sha256 of every file it wrote. When both still match, nothing is done and
+``changed`` is false. ``--check`` only reports whether a build would change anything. Writes are atomic:
+the model is built in a temporary directory next to DIR and renamed into place, so a crash leaves the old
+model, or none, never half of one. A lock next to DIR serialises concurrent builds of the same DIR.
+
+Exit codes: 0 success (also when nothing changed), 1 the build failed (message on stderr, or in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+from regen.demo import bpe
+from regen.demo import spec as spec_module
+from regen.demo.spec import DemoSpec
+
+BUILDER = "regen.demo.build"
+# Bump when the builder's output changes in a way its sources do not show (they are hashed anyway).
+BUILDER_VERSION = 1
+MANIFEST = "regen_demo_manifest.json"
+# Files copied verbatim from regen/demo/model_files into the model directory.
+MODEL_FILES = (
+    "configuration_kimi_k25_demo.py",
+    "modeling_kimi_k25_demo.py",
+    "tokenization_kimi.py",
+    "chat_template.jinja",
+)
+# Libraries whose version can change the bytes written (BPE training, random draws, file format).
+BYTE_SHAPING_LIBRARIES = ("tokenizers", "torch", "safetensors")
+
+
+class DemoBuildError(Exception):
+    """A build problem with a message that says what to do."""
+
+
+@dataclass
+class BuildResult:
+    changed: bool
+    path: str
+    inputs_sha256: str
+    seed: int
+    vocab_size: int
+    num_bpe_ranks: int
+    check_mode: bool = False
+    files: list[str] = field(default_factory=list)
+    msg: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "changed": self.changed,
+            "path": self.path,
+            "check_mode": self.check_mode,
+            "inputs_sha256": self.inputs_sha256,
+            "seed": self.seed,
+            "vocab_size": self.vocab_size,
+            "num_bpe_ranks": self.num_bpe_ranks,
+            "files": self.files,
+            "msg": self.msg,
+        }
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _library_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "missing"
+
+
+def _source_files() -> dict[str, bytes]:
+    """Everything under regen/demo the output depends on: builder modules, model-dir files, corpus."""
+    package = resources.files("regen.demo")
+    sources = {}
+    for entry in sorted(package.iterdir(), key=lambda item: item.name):
+        if entry.is_file() and entry.name.endswith((".py", ".txt")):
+            sources[entry.name] = entry.read_bytes()
+    model_files = package.joinpath("model_files")
+    for name in MODEL_FILES:
+        sources[f"model_files/{name}"] = model_files.joinpath(name).read_bytes()
+    return sources
+
+
+def inputs_digest(spec: DemoSpec) -> str:
+    """Hash of every input of the build; equal digests mean byte-identical model directories."""
+    inputs = {
+        "builder": BUILDER,
+        "builder_version": BUILDER_VERSION,
+        "spec": spec.as_dict(),
+        "sources": {name: _sha256(data) for name, data in _source_files().items()},
+        "libraries": {name: _library_version(name) for name in BYTE_SHAPING_LIBRARIES},
+    }
+    return _sha256(json.dumps(inputs, sort_keys=True).encode("utf-8"))
+
+
+def _read_manifest(directory: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("builder") == BUILDER else None
+
+
+def is_up_to_date(directory: Path, digest: str) -> bool:
+    """The directory was built from these inputs and every file it recorded is still intact."""
+    manifest = _read_manifest(directory)
+    if manifest is None or manifest.get("inputs_sha256") != digest:
+        return False
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return False
+    for name, expected in files.items():
+        try:
+            if _sha256((directory / name).read_bytes()) != expected:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _refuse_foreign_directory(directory: Path) -> None:
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise DemoBuildError(f"{directory} exists and is not a directory; choose another --output")
+    if any(directory.iterdir()) and _read_manifest(directory) is None:
+        raise DemoBuildError(
+            f"{directory} is not empty and was not built by {BUILDER} (no {MANIFEST}); "
+            "refusing to replace it. Remove it, or choose another --output"
+        )
+
+
+def _json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def render_files(spec: DemoSpec) -> dict[str, bytes]:
+    """Every file of the model directory except the weights, as bytes (pure: no I/O outside the package)."""
+    from regen.demo.model_files import tokenization_kimi
+
+    ranks = bpe.train_ranks(bpe.training_texts(), spec.num_bpe_ranks, tokenization_kimi.PAT_STR)
+    model_files = resources.files("regen.demo").joinpath("model_files")
+    files = {name: model_files.joinpath(name).read_bytes() for name in MODEL_FILES}
+    files["config.json"] = _json_bytes(spec_module.model_config(spec))
+    files["generation_config.json"] = _json_bytes(spec_module.generation_config(spec))
+    files["tokenizer_config.json"] = _json_bytes(spec_module.tokenizer_config(spec))
+    files["tiktoken.model"] = bpe.dump_tiktoken(ranks)
+    files["README.md"] = _readme(spec).encode("utf-8")
+    return files
+
+
+def _readme(spec: DemoSpec) -> str:
+    return (
+        "# regen demo model (Kimi K2.6 layout, tiny, random weights)\n\n"
+        f"Built by `python -m {BUILDER}` (seed {spec.seed}); do not edit, rebuild instead.\n"
+        "Every file here, code included, was written by the regen project. The weights are random:\n"
+        "the model produces token salad, but every stage meets the real checkpoint's layout and loading\n"
+        "rules: config nested under `text_config` (DeepSeek-V3 MLA + MoE), remote code, a tiktoken\n"
+        "tokenizer that needs `trust_remote_code=True`, special tokens above the BPE ranks, and a chat\n"
+        "template whose thinking switch is the variable `thinking`.\n\n"
+        f"- vocabulary: {spec.num_bpe_ranks} BPE ranks + 256 special ids = {spec.vocab_size}\n"
+        f"- layers: {spec.num_hidden_layers} ({spec.first_k_dense_replace} dense), "
+        f"hidden {spec.hidden_size}, {spec.n_routed_experts} routed experts "
+        f"(top-{spec.num_experts_per_tok}) + {spec.n_shared_experts} shared\n"
+    )
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_tree(spec: DemoSpec, digest: str, target: Path, file_mode: int) -> list[str]:
+    from regen.demo import weights
+
+    files = render_files(spec)
+    for name, data in files.items():
+        (target / name).write_bytes(data)
+    names = sorted([*files, *weights.write_checkpoint(spec, target)])
+    manifest = {
+        "builder": BUILDER,
+        "builder_version": BUILDER_VERSION,
+        "inputs_sha256": digest,
+        "spec": spec.as_dict(),
+        "files": {name: _sha256((target / name).read_bytes()) for name in names},
+    }
+    (target / MANIFEST).write_bytes(_json_bytes(manifest))
+    for name in [*names, MANIFEST]:
+        # safetensors writes owner-only files; the model directory is shared data like any checkpoint.
+        os.chmod(target / name, file_mode)
+        with open(target / name, "rb") as handle:
+            os.fsync(handle.fileno())
+    return [*names, MANIFEST]
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    lock_path = directory.parent / f".{directory.name}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Temporary trees of builds that crashed earlier (only ever ours: they carry our prefix)."""
+    for pattern in (f".{directory.name}.tmp-*", f".{directory.name}.old-*"):
+        for leftover in directory.parent.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def build(output: Path, spec: DemoSpec | None = None, check: bool = False) -> BuildResult:
+    """Make ``output`` the demo model for ``spec``; with ``check``, only say whether that would change it."""
+    spec = spec or DemoSpec()
+    try:
+        spec.validate()
+    except ValueError as exc:
+        raise DemoBuildError(str(exc)) from exc
+    output = Path(output).expanduser().absolute()
+    digest = inputs_digest(spec)
+    result = BuildResult(
+        changed=False,
+        path=str(output),
+        inputs_sha256=digest,
+        seed=spec.seed,
+        vocab_size=spec.vocab_size,
+        num_bpe_ranks=spec.num_bpe_ranks,
+        check_mode=check,
+    )
+    _refuse_foreign_directory(output)
+    if check:
+        result.changed = not is_up_to_date(output, digest)
+        result.msg = "would build the demo model" if result.changed else "demo model is up to date"
+        return result
+
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DemoBuildError(f"cannot create {output.parent}: {exc.strerror}") from exc
+    with _locked(output):
+        if is_up_to_date(output, digest):
+            result.msg = "demo model is up to date"
+            return result
+        _remove_leftovers(output)
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+        retired = None
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(staging, 0o777 & ~umask)
+            result.files = _write_tree(spec, digest, staging, 0o666 & ~umask)
+            _fsync_dir(staging)
+            if output.exists():
+                retired = output.parent / f".{output.name}.old-{uuid.uuid4().hex}"
+                os.rename(output, retired)
+            os.rename(staging, output)
+            _fsync_dir(output.parent)
+        except BaseException:
+            if retired is not None and not output.exists():
+                os.rename(retired, output)
+                retired = None
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        finally:
+            if retired is not None:
+                shutil.rmtree(retired, ignore_errors=True)
+    result.changed = True
+    result.msg = "built the demo model"
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {BUILDER}",
+        description="Build the tiny Kimi-K2.6-shaped demo model (random weights, real layout).",
+    )
+    parser.add_argument("--output", required=True, type=Path, help="model directory to create or update")
+    parser.add_argument("--seed", type=int, default=DemoSpec.seed, help="seed of the random weights")
+    parser.add_argument("--check", action="store_true", help="only report whether a build would change DIR")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (for Ansible)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        result = build(args.output, replace(DemoSpec(), seed=args.seed), check=args.check)
+    except (DemoBuildError, OSError) as exc:
+        message = f"demo model build failed: {exc}"
+        if args.json:
+            print(json.dumps({"failed": True, "changed": False, "path": str(args.output), "msg": message}))
+        else:
+            print(message, file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(f"{result.msg}: {result.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
