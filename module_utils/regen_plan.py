@@ -1,0 +1,383 @@
+"""The plan: serving parallelism, generation kwargs and drafter settings, each with a one-line reason.
+
+Pure functions over the facts documents (architecture, tokenizer, GPU). Self-contained on purpose: the
+model_facts role's filter plugin loads this file by path on the controller, where the other regen
+module_utils are not importable as `ansible.module_utils.*`.
+"""
+
+from __future__ import annotations
+
+import math
+
+GIB = 1024**3
+DEFAULTS = {
+    "mem_fraction_static": 0.85,
+    "kv_cache_tokens": 65536,
+    "num_draft_layers": 5,
+    "block_size": 16,
+}
+
+# SGLang parser names per model family: (reasoning parser, tool-call parser).
+SGLANG_PARSERS = {
+    "kimi_k2": ("kimi_k2", "kimi_k2"),
+    "kimi_k25": ("kimi_k2", "kimi_k2"),
+    "deepseek_v3": ("deepseek-r1", "deepseekv3"),
+    "qwen3": ("qwen3", "qwen25"),
+    "qwen3_moe": ("qwen3", "qwen25"),
+    "qwen3_next": ("qwen3", "qwen25"),
+    "qwen3_5": ("qwen3", "qwen25"),
+    "qwen3_5_text": ("qwen3", "qwen25"),
+    "qwen3_5_moe": ("qwen3", "qwen25"),
+    "qwen3_5_moe_text": ("qwen3", "qwen25"),
+    "gpt_oss": ("gpt-oss", "gpt-oss"),
+    "glm4_moe": ("glm45", "glm45"),
+    "llama": (None, "llama3"),
+    "mixtral": (None, "mistral"),
+    "mistral": (None, "mistral"),
+}
+
+PLAN_KEYS = {
+    "serving": (
+        "device",
+        "tp_size",
+        "ep_size",
+        "dp_size",
+        "fits",
+        "mem_fraction_static",
+        "kv_cache_tokens",
+        "sglang_args",
+    ),
+    "generation": (
+        "thinking_switch",
+        "chat_template_kwargs",
+        "stop_token_ids",
+        "stop",
+        "reasoning_parser",
+        "tool_call_parser",
+    ),
+    "drafter": (
+        "method",
+        "num_draft_layers",
+        "target_layer_ids",
+        "block_size",
+        "mask_token_id",
+        "mask_token",
+        "hidden_size",
+        "vocab_size",
+        "target_num_layers",
+    ),
+}
+
+
+def dflash_target_layer_ids(num_target_layers, num_draft_layers):
+    """Target layers whose hidden states feed a DFlash drafter, spread as SpecForge does.
+
+    round(1 + i * (L - 4) / (n - 1)) for i in 0..n-1 (Python's round, as SpecForge uses); one draft layer
+    reads the middle layer.
+    """
+    if num_target_layers < 1 or num_draft_layers < 1:
+        raise ValueError("need at least one target and one draft layer")
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return [round(start + (i * span) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def _gib(value):
+    return "%.1f GiB" % (value / GIB)
+
+
+def override_errors(overrides):
+    """Messages for override sections or keys the plan does not have (a typo must not pass silently)."""
+    if not isinstance(overrides, dict):
+        return ["model_facts_plan_overrides must be a mapping of section to values"]
+    errors = []
+    for section, values in overrides.items():
+        if section not in PLAN_KEYS or not isinstance(values, dict):
+            errors.append(
+                "model_facts_plan_overrides.{} is not a plan section; known: {}".format(
+                    section, ", ".join(PLAN_KEYS)
+                )
+            )
+            continue
+        for key in values:
+            if key not in PLAN_KEYS[section]:
+                errors.append(
+                    "model_facts_plan_overrides.{}.{} is not a plan value; known: {}".format(
+                        section, key, ", ".join(PLAN_KEYS[section])
+                    )
+                )
+    return errors
+
+
+class _Planner:
+    def __init__(self, overrides):
+        self.overrides = overrides if isinstance(overrides, dict) else {}
+        self.warnings = override_errors(self.overrides)
+
+    def pick(self, section, key, value, reason):
+        values = self.overrides.get(section)
+        if isinstance(values, dict) and key in values:
+            return {
+                "value": values[key],
+                "reason": f"set in inventory (model_facts_plan_overrides.{section}.{key})",
+                "derived": value,
+            }
+        return {"value": value, "reason": reason}
+
+
+def _kv_bytes_per_gpu(arch, tokens, tp):
+    per_token = arch.get("kv_cache_bytes_per_token")
+    if not per_token:
+        return 0
+    total = per_token * tokens
+    att = arch["attention"]
+    if att.get("kind") == "mla" or not att.get("kv_heads"):
+        # MLA's latent is not split by heads: every TP rank keeps the whole cache.
+        return total
+    kv_heads = att["kv_heads"]
+    return total * max(1, kv_heads // tp) / kv_heads
+
+
+def plan_serving(arch, gpu, planner):
+    section = {}
+    count = (gpu or {}).get("count") or 0
+    mem_fraction = planner.pick(
+        "serving",
+        "mem_fraction_static",
+        DEFAULTS["mem_fraction_static"],
+        "SGLang's static memory share for weights plus KV cache; the rest is activations",
+    )
+    kv_tokens = planner.pick(
+        "serving",
+        "kv_cache_tokens",
+        DEFAULTS["kv_cache_tokens"],
+        "KV cache sized for this many tokens in flight across all requests",
+    )
+    section["mem_fraction_static"], section["kv_cache_tokens"] = mem_fraction, kv_tokens
+    weights = arch.get("weight_bytes")
+    heads = (arch.get("attention") or {}).get("heads") or 1
+    moe = arch.get("moe")
+    if count == 0:
+        section["device"] = planner.pick(
+            "serving", "device", "cpu", "no NVIDIA GPU found: serve on CPU (demo scale)"
+        )
+        section["tp_size"] = planner.pick("serving", "tp_size", 1, "no GPU: a single CPU worker")
+        section["ep_size"] = planner.pick("serving", "ep_size", 1, "no GPU: nothing to spread experts over")
+        section["dp_size"] = planner.pick("serving", "dp_size", 1, "no GPU: one replica")
+        section["fits"] = planner.pick("serving", "fits", None, "no GPU memory to check against")
+    else:
+        per_gpu = gpu.get("memory_per_gpu_bytes") or 0
+        usable = per_gpu * mem_fraction["value"]
+        chosen = None
+        tp = 1
+        while tp <= count:
+            if heads % tp == 0 and weights:
+                need = weights / tp + _kv_bytes_per_gpu(arch, kv_tokens["value"], tp)
+                if need <= usable:
+                    chosen = (tp, need)
+                    break
+            tp *= 2
+        section["device"] = planner.pick("serving", "device", "cuda", f"{count} NVIDIA GPU(s) found")
+        if weights is None:
+            tp_value, fits = 1, None
+            reason = "weight size unknown: start with one GPU per replica"
+            fit_reason = "weight size unknown"
+        elif chosen:
+            tp_value, fits = chosen[0], True
+            reason = (
+                f"weights {_gib(weights)} + KV for {kv_tokens['value']} tokens need {_gib(chosen[1])} "
+                f"per GPU at TP{tp_value}, within {_gib(usable)} usable of {_gib(per_gpu)}"
+            )
+            fit_reason = f"fits at TP{tp_value}"
+        else:
+            largest = 1
+            while largest * 2 <= count and heads % (largest * 2) == 0:
+                largest *= 2
+            kv = _kv_bytes_per_gpu(arch, kv_tokens["value"], largest)
+            spare = usable - kv
+            needed = math.ceil(weights / spare) if spare > 0 else None
+            needed_tp = 2 ** math.ceil(math.log2(needed)) if needed else None
+            tp_value, fits = largest, False
+            reason = f"largest power of two that divides {heads} heads on {count} GPUs"
+            fit_reason = (
+                f"does not fit: weights {_gib(weights)} need {needed if needed else 'more'} GPUs of "
+                f"{_gib(per_gpu)} (TP{needed_tp or '?'}) at mem fraction {mem_fraction['value']:.2f} with KV "
+                f"for {kv_tokens['value']} tokens; this host has {count} (use more GPUs, a smaller "
+                "quantization, or fewer KV tokens)"
+            )
+        section["tp_size"] = planner.pick("serving", "tp_size", tp_value, reason)
+        section["fits"] = planner.pick("serving", "fits", fits, fit_reason)
+        tp_value = section["tp_size"]["value"]
+        if moe and tp_value > 1 and moe["routed_experts"] % tp_value == 0:
+            ep_reason = (
+                f"MoE with {moe['routed_experts']} routed experts: --ep-size {tp_value} keeps "
+                f"{moe['routed_experts'] // tp_value} whole experts per GPU instead of "
+                f"slicing every expert {tp_value} ways"
+            )
+            ep_value = tp_value
+        elif moe and tp_value > 1:
+            ep_value, ep_reason = (
+                1,
+                f"{moe['routed_experts']} experts do not divide over TP{tp_value}: tensor-parallel experts",
+            )
+        elif moe:
+            ep_value, ep_reason = 1, "one GPU per replica: nothing to spread experts over"
+        else:
+            ep_value, ep_reason = 1, "dense model: no experts to spread"
+        section["ep_size"] = planner.pick("serving", "ep_size", ep_value, ep_reason)
+        dp_value = max(1, count // tp_value) if fits else 1
+        dp_reason = (
+            f"{count} GPUs / TP{tp_value}: {dp_value} data-parallel replicas for throughput"
+            if dp_value > 1
+            else "one replica uses the GPUs"
+        )
+        section["dp_size"] = planner.pick("serving", "dp_size", dp_value, dp_reason)
+    args = ["--tp-size", str(section["tp_size"]["value"])]
+    if section["ep_size"]["value"] > 1:
+        args += ["--ep-size", str(section["ep_size"]["value"])]
+    if section["dp_size"]["value"] > 1:
+        args += ["--dp-size", str(section["dp_size"]["value"])]
+    if section["device"]["value"] == "cpu":
+        args += ["--device", "cpu"]
+    else:
+        args += ["--mem-fraction-static", str(mem_fraction["value"])]
+    section["sglang_args"] = planner.pick("serving", "sglang_args", args, "the values above as SGLang flags")
+    return section
+
+
+def _family(arch):
+    for key in (arch.get("model_type"), arch.get("text_model_type")):
+        if key in SGLANG_PARSERS:
+            return key
+    return arch.get("model_type")
+
+
+def plan_generation(arch, tokenizer, planner):
+    tokenizer = tokenizer or {}
+    template = tokenizer.get("chat_template") or {}
+    switch = template.get("thinking_switch")
+    section = {}
+    if switch in ("thinking", "enable_thinking"):
+        kwargs, reason = (
+            {switch: True},
+            "the chat template reads `{}` (source {})".format(switch, template.get("source")),
+        )
+    elif switch == "reasoning_effort":
+        kwargs, reason = (
+            {"reasoning_effort": "high"},
+            "the chat template reads `reasoning_effort` (low|medium|high)",
+        )
+    else:
+        kwargs, reason = {}, "the chat template has no thinking switch"
+    section["thinking_switch"] = planner.pick("generation", "thinking_switch", switch, reason)
+    section["chat_template_kwargs"] = planner.pick("generation", "chat_template_kwargs", kwargs, reason)
+    stop_ids = []
+    stop_text = []
+    for token in tokenizer.get("end_of_turn") or []:
+        if token.get("id") is not None and token["id"] not in stop_ids:
+            stop_ids.append(token["id"])
+            stop_text.append(token["content"])
+    eos = (tokenizer.get("named") or {}).get("eos") or {}
+    if eos.get("id") is not None and eos["id"] not in stop_ids:
+        stop_ids.append(eos["id"])
+        stop_text.append(eos["content"])
+    for token_id in (arch.get("special_token_ids") or {}).get("eos") or []:
+        if token_id not in stop_ids:
+            stop_ids.append(token_id)
+    section["stop_token_ids"] = planner.pick(
+        "generation",
+        "stop_token_ids",
+        sorted(stop_ids),
+        "end-of-turn tokens of the tokenizer plus the config's eos ids",
+    )
+    section["stop"] = planner.pick("generation", "stop", stop_text, "the same stop tokens as text")
+    family = _family(arch)
+    reasoning, tool = SGLANG_PARSERS.get(family, (None, None))
+    can_think = bool(tokenizer.get("think_tokens")) or switch is not None or family == "gpt_oss"
+    if reasoning and not can_think:
+        reasoning_reason = (
+            f"{family} family, but the tokenizer has no think tokens and the template no switch"
+        )
+        reasoning = None
+    elif reasoning:
+        reasoning_reason = f"SGLang's reasoning parser for the {family} family"
+    else:
+        reasoning_reason = f"no SGLang reasoning parser for model type {family}"
+    section["reasoning_parser"] = planner.pick("generation", "reasoning_parser", reasoning, reasoning_reason)
+    section["tool_call_parser"] = planner.pick(
+        "generation",
+        "tool_call_parser",
+        tool,
+        f"SGLang's tool-call parser for the {family} family"
+        if tool
+        else f"no SGLang tool-call parser known for model type {family}",
+    )
+    return section
+
+
+def plan_drafter(arch, tokenizer, planner):
+    tokenizer = tokenizer or {}
+    layers = arch.get("num_layers")
+    section = {
+        "method": planner.pick("drafter", "method", "dflash", "DFlash block-diffusion drafter (SpecForge)")
+    }
+    default_n = DEFAULTS["num_draft_layers"]
+    reason = "DFlash's usual drafter depth"
+    if layers and layers - 3 < default_n:
+        default_n = max(1, layers - 3)
+        reason = (
+            f"the target has only {layers} layers: {default_n} draft layer(s) keep the target layers distinct"
+        )
+    section["num_draft_layers"] = planner.pick("drafter", "num_draft_layers", default_n, reason)
+    n = section["num_draft_layers"]["value"]
+    if layers:
+        ids = dflash_target_layer_ids(layers, n)
+        if n == 1:
+            ids_reason = f"one draft layer reads the middle target layer, L//2 of L={layers} (SpecForge)"
+        else:
+            ids_reason = (
+                f"round(1 + i*(L-4)/(n-1)) over L={layers} target layers for n={n} draft layers (SpecForge)"
+            )
+    else:
+        ids, ids_reason = None, "target layer count unknown"
+    section["target_layer_ids"] = planner.pick("drafter", "target_layer_ids", ids, ids_reason)
+    section["block_size"] = planner.pick(
+        "drafter", "block_size", DEFAULTS["block_size"], "DFlash drafts blocks of 16 tokens by default"
+    )
+    mask = tokenizer.get("mask_token") or {}
+    section["mask_token_id"] = planner.pick(
+        "drafter", "mask_token_id", mask.get("id"), mask.get("reason") or "tokenizer facts unavailable"
+    )
+    section["mask_token"] = planner.pick(
+        "drafter",
+        "mask_token",
+        mask.get("token"),
+        "needs a new token and resized embeddings"
+        if mask.get("needs_new_token")
+        else "an existing token id; no resize needed",
+    )
+    section["hidden_size"] = planner.pick(
+        "drafter", "hidden_size", arch.get("hidden_size"), "the drafter reads the target's hidden states"
+    )
+    section["vocab_size"] = planner.pick(
+        "drafter",
+        "vocab_size",
+        arch.get("vocab_size"),
+        "the drafter shares the target's embedding and LM head size",
+    )
+    section["target_num_layers"] = planner.pick("drafter", "target_num_layers", layers, "from config.json")
+    return section
+
+
+def make_plan(architecture, tokenizer=None, gpu=None, overrides=None):
+    """The whole plan document: {serving, generation, drafter, warnings}."""
+    planner = _Planner(overrides)
+    plan = {
+        "serving": plan_serving(architecture, gpu, planner),
+        "generation": plan_generation(architecture, tokenizer, planner),
+        "drafter": plan_drafter(architecture, tokenizer, planner),
+    }
+    plan["warnings"] = planner.warnings
+    return plan

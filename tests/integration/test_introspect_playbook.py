@@ -1,0 +1,125 @@
+"""playbooks/introspect.yml on localhost against the demo model: facts file, plan, idempotence, check mode,
+and the early failure (with the remedy) when the serving venv cannot load the tokenizer.
+
+Each run uses a temporary inventory that names only localhost (connection local).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RECAP = re.compile(r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def _inventory(tmp_path: Path, model: Path, python: Path, **extra: object) -> Path:
+    variables = {
+        "regen_model_path": str(model),
+        "regen_serving_python": str(python),
+        "regen_artifacts_dir": str(tmp_path / "artifacts"),
+        "regen_profile": "cpu",
+        # Keep the import probe short: torch and sglang are not what these tests are about.
+        "model_facts_env_modules": ["tiktoken", "jinja2"],
+        **extra,
+    }
+    inventory = {
+        "all": {
+            "hosts": {
+                "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+            },
+            "children": {"regen_serve": {"hosts": {"localhost": None}}},
+            "vars": variables,
+        }
+    }
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    return path
+
+
+def _play(inventory: Path, *args: str) -> tuple[str, tuple[int, int, int, int]]:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/introspect.yml", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    output = result.stdout + result.stderr
+    match = RECAP.search(output)
+    assert match, output[-4000:]
+    return output, tuple(int(v) for v in match.groups())
+
+
+def test_facts_written_and_second_run_changes_nothing(tmp_path: Path, demo_model_dir: Path) -> None:
+    project_python = Path(sys.executable)
+    inventory = _inventory(
+        tmp_path, demo_model_dir, project_python, model_facts_plan_overrides={"drafter": {"block_size": 8}}
+    )
+    output, (_, changed, _, failed) = _play(inventory)
+    assert failed == 0, output[-4000:]
+    facts_file = tmp_path / "artifacts" / "model_facts.json"
+    facts = json.loads(facts_file.read_text())
+    assert set(facts) >= {"architecture", "tokenizer", "environment", "plan"}
+    assert facts["tokenizer"]["loaded_with"] == "library"
+    assert facts["environment"]["gpu"]["count"] == 0 or facts["environment"]["gpu"]["count"] > 0
+    plan = facts["plan"]
+    gpus = facts["environment"]["gpu"]["count"]
+    if gpus == 0:
+        assert (plan["serving"]["tp_size"]["value"], plan["serving"]["ep_size"]["value"]) == (1, 1)
+    assert plan["generation"]["chat_template_kwargs"]["value"] == {"thinking": True}
+    assert plan["drafter"]["mask_token_id"]["value"] == facts["tokenizer"]["mask_token"]["id"]
+    assert plan["drafter"]["block_size"] == {
+        "value": 8,
+        "derived": 16,
+        "reason": "set in inventory (model_facts_plan_overrides.drafter.block_size)",
+    }
+    assert changed >= 1
+    before = facts_file.stat().st_mtime_ns
+    output, (_, changed, _, failed) = _play(inventory)
+    assert (changed, failed) == (0, 0), output[-4000:]
+    assert facts_file.stat().st_mtime_ns == before
+    output, (_, changed, _, failed) = _play(inventory, "--check")
+    assert (changed, failed) == (0, 0), output[-4000:]
+
+
+def test_unknown_override_fails_early(tmp_path: Path, demo_model_dir: Path) -> None:
+    inventory = _inventory(
+        tmp_path, demo_model_dir, Path(sys.executable), model_facts_plan_overrides={"serving": {"tp_szie": 2}}
+    )
+    output, (_, _, _, failed) = _play(inventory)
+    assert failed == 1
+    assert "model_facts_plan_overrides.serving.tp_szie is not a plan value" in output
+    assert "Read GPU facts" not in output  # checked before any module runs
+    assert not (tmp_path / "artifacts" / "model_facts.json").exists()
+
+
+def test_serving_venv_without_tiktoken_fails_early_with_the_remedy(
+    tmp_path: Path, demo_model_dir: Path, python_without_tiktoken: Path
+) -> None:
+    inventory = _inventory(tmp_path, demo_model_dir, python_without_tiktoken)
+    output, (_, _, _, failed) = _play(inventory)
+    venv = str(python_without_tiktoken.parent.parent)
+    assert failed == 1, output[-4000:]
+    assert "Check the serving venv can load the tokenizer" in output
+    assert f"tiktoken is not installed in {venv}; add it to regen_serving_packages" in output
+    # The facts are written first, so the artifact explains the failure.
+    facts = json.loads((tmp_path / "artifacts" / "model_facts.json").read_text())
+    assert facts["tokenizer"]["loaded_with"] == "raw_files"
+    assert facts["tokenizer"]["load"]["missing_modules"] == ["tiktoken"]
+    assert facts["plan"]["drafter"]["mask_token_id"]["value"] is not None

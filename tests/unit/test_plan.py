@@ -1,0 +1,201 @@
+"""The plan: parallelism, generation kwargs, drafter layout, reasons and inventory overrides."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "configs"
+sys.path.insert(0, str(ROOT / "module_utils"))
+
+from regen_config import read_model_dir
+from regen_gpu import _gpu_record, summarize
+from regen_plan import dflash_target_layer_ids, make_plan
+from regen_tokenizer import gather as tokenizer_facts
+
+RTX_PRO_6000_MIB = 97887  # memory.total of an RTX PRO 6000 Blackwell (96 GB class)
+
+
+def _gpus(
+    count: int, name: str = "NVIDIA RTX PRO 6000 Blackwell Server Edition", mib: int = RTX_PRO_6000_MIB
+):
+    return summarize(
+        [_gpu_record({"index": str(i), "name": name, "memory.total": str(mib)}) for i in range(count)]
+    )
+
+
+def _values(section: dict) -> dict:
+    return {key: entry["value"] for key, entry in section.items()}
+
+
+def test_every_value_has_a_one_line_reason() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8))
+    for section in ("serving", "generation", "drafter"):
+        for key, entry in plan[section].items():
+            assert set(entry) >= {"value", "reason"}, (section, key)
+            assert entry["reason"] and "\n" not in entry["reason"], (section, key)
+
+
+def test_kimi_on_eight_blackwell_gpus_is_tp8_ep8() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8))
+    serving = _values(plan["serving"])
+    assert (serving["device"], serving["tp_size"], serving["ep_size"], serving["dp_size"]) == (
+        "cuda",
+        8,
+        8,
+        1,
+    )
+    assert serving["fits"] is True
+    assert serving["sglang_args"][:4] == ["--tp-size", "8", "--ep-size", "8"]
+    assert "384 routed experts" in plan["serving"]["ep_size"]["reason"]
+    assert "48 whole experts per GPU" in plan["serving"]["ep_size"]["reason"]
+
+
+def test_kimi_on_four_gpus_does_not_fit_and_says_what_would() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(4))
+    fits = plan["serving"]["fits"]
+    assert fits["value"] is False
+    assert (
+        "does not fit" in fits["reason"] and "TP8" in fits["reason"] and "this host has 4" in fits["reason"]
+    )
+
+
+def test_small_dense_model_replicates() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "qwen3-8b")), None, _gpus(8))
+    serving = _values(plan["serving"])
+    assert (serving["tp_size"], serving["ep_size"], serving["dp_size"]) == (1, 1, 8)
+    assert plan["serving"]["ep_size"]["reason"].startswith("dense model")
+
+
+def test_tp_divides_the_attention_heads() -> None:
+    arch = read_model_dir(str(FIXTURES / "qwen3.5-27b"))  # 24 heads: TP8 would split heads unevenly
+    arch["weight_bytes"] = 400 * 2**30
+    plan = make_plan(arch, None, _gpus(8))
+    assert 24 % plan["serving"]["tp_size"]["value"] == 0
+
+
+def test_no_gpu_serves_on_cpu() -> None:
+    plan = make_plan(
+        read_model_dir(str(FIXTURES / "kimi-k2.5")), None, summarize([], reason="nvidia-smi not found")
+    )
+    serving = _values(plan["serving"])
+    assert (serving["device"], serving["tp_size"], serving["ep_size"]) == ("cpu", 1, 1)
+    assert "--device" in serving["sglang_args"]
+
+
+@pytest.mark.parametrize(("layers", "n"), [(61, 5), (36, 5), (48, 3), (4, 1), (32, 8), (10, 2)])
+def test_target_layer_ids_formula(layers: int, n: int) -> None:
+    ids = dflash_target_layer_ids(layers, n)
+    if n == 1:
+        assert ids == [layers // 2]
+    else:
+        assert ids == [round(1 + i * (layers - 4) / (n - 1)) for i in range(n)]
+        assert ids[0] == 1 and ids[-1] == layers - 3
+    assert len(ids) == n and ids == sorted(ids) and all(0 <= i < layers for i in ids)
+
+
+def test_target_layer_ids_known_values() -> None:
+    # Worked by hand from round(1 + i*(L-4)/(n-1)) (Python rounds 29.5 to 30, as SpecForge does).
+    assert dflash_target_layer_ids(61, 5) == [1, 15, 30, 44, 58]
+    assert dflash_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+
+
+def test_drafter_plan_for_kimi() -> None:
+    arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
+    drafter = _values(make_plan(arch, None, _gpus(8))["drafter"])
+    assert drafter["target_layer_ids"] == dflash_target_layer_ids(61, 5)
+    assert (drafter["hidden_size"], drafter["vocab_size"], drafter["block_size"]) == (7168, 163840, 16)
+
+
+def test_overrides_replace_values_and_feed_dependent_ones() -> None:
+    arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
+    overrides = {"serving": {"tp_size": 4}, "drafter": {"num_draft_layers": 3, "block_size": 8}}
+    plan = make_plan(arch, None, _gpus(8), overrides)
+    assert plan["serving"]["tp_size"] == {
+        "value": 4,
+        "derived": 8,
+        "reason": "set in inventory (model_facts_plan_overrides.serving.tp_size)",
+    }
+    assert plan["serving"]["ep_size"]["value"] == 4  # follows the overridden TP
+    assert plan["drafter"]["target_layer_ids"]["value"] == dflash_target_layer_ids(61, 3)
+    assert plan["drafter"]["block_size"]["value"] == 8
+    assert plan["warnings"] == []
+
+
+def test_unknown_override_is_reported() -> None:
+    plan = make_plan(
+        read_model_dir(str(FIXTURES / "qwen3-8b")), None, None, {"serving": {"tpsize": 2}, "drafterr": {}}
+    )
+    assert any("serving.tpsize is not a plan value" in w for w in plan["warnings"])
+    assert any("drafterr is not a plan section" in w for w in plan["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("fixture", "reasoning", "tool"),
+    [
+        ("gpt-oss-120b", "gpt-oss", "gpt-oss"),
+        ("llama-3.1-8b-instruct", None, "llama3"),
+        ("qwen3-8b", None, "qwen25"),  # no tokenizer facts: no think tokens known, so no reasoning parser
+    ],
+)
+def test_sglang_parsers_by_family(fixture: str, reasoning: str | None, tool: str) -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / fixture)))
+    assert plan["generation"]["reasoning_parser"]["value"] == reasoning
+    assert plan["generation"]["tool_call_parser"]["value"] == tool
+
+
+def test_qwen3_with_enable_thinking_template() -> None:
+    arch = read_model_dir(str(FIXTURES / "qwen3-8b"))
+    tokenizer = {
+        "chat_template": {"thinking_switch": "enable_thinking", "source": "tokenizer_config.json"},
+        "end_of_turn": [{"id": 151645, "content": "<|im_end|>"}],
+        "think_tokens": [{"id": 151667, "content": "<think>"}],
+    }
+    generation = _values(make_plan(arch, tokenizer)["generation"])
+    assert generation["chat_template_kwargs"] == {"enable_thinking": True}
+    assert generation["reasoning_parser"] == "qwen3"
+    assert generation["stop_token_ids"] == [151645]
+
+
+def _demo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        return request.getfixturevalue("demo_model_dir")
+    except pytest.FixtureLookupError:
+        from regen.demo.build import build
+
+        out = tmp_path_factory.mktemp("demo") / "regen-demo-kimi"
+        build(out)
+        return out
+
+
+def test_demo_model_on_cpu(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+    demo = _demo(request, tmp_path_factory)
+    arch = read_model_dir(str(demo))
+    tok = tokenizer_facts(str(demo), mode="raw_files")
+    plan = make_plan(arch, tok, summarize([], reason="no GPU"))
+    serving, generation, drafter = (_values(plan[s]) for s in ("serving", "generation", "drafter"))
+    assert (serving["tp_size"], serving["ep_size"]) == (1, 1)
+    assert generation["chat_template_kwargs"] == {"thinking": True}
+    assert (generation["reasoning_parser"], generation["tool_call_parser"]) == ("kimi_k2", "kimi_k2")
+    im_end = next(t["id"] for t in tok["end_of_turn"] if t["content"] == "<|im_end|>")
+    assert (
+        im_end in generation["stop_token_ids"] and tok["named"]["eos"]["id"] in generation["stop_token_ids"]
+    )
+    layers = arch["num_layers"]
+    assert drafter["num_draft_layers"] == max(1, min(5, layers - 3))
+    assert drafter["target_layer_ids"] == dflash_target_layer_ids(layers, drafter["num_draft_layers"])
+    assert drafter["mask_token_id"] == tok["mask_token"]["id"] is not None
+
+
+def test_filter_plugin_uses_the_same_planner() -> None:
+    path = ROOT / "roles" / "model_facts" / "filter_plugins" / "model_facts_plan.py"
+    spec = importlib.util.spec_from_file_location("model_facts_plan_filter", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
+    plan = module.FilterModule().filters()["regen_model_plan"](arch, None, _gpus(8), {})
+    assert plan == make_plan(arch, None, _gpus(8), {})
