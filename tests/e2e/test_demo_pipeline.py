@@ -19,8 +19,11 @@ BIN = Path(sys.executable).parent
 
 pytestmark = pytest.mark.e2e
 
-RECAP = re.compile(r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unr>\d+)"
-                   r"\s+failed=(?P<failed>\d+)", re.MULTILINE)
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unr>\d+)"
+    r"\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
 
 
 def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
@@ -30,7 +33,8 @@ def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
                             cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    recap = {m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unr", "failed")} for m in RECAP.finditer(output)}
+    counters = ("ok", "changed", "unr", "failed")
+    recap = {m["host"]: {key: int(m[key]) for key in counters} for m in RECAP.finditer(output)}
     assert recap, output[-3000:]
     return output, recap
 
