@@ -1,0 +1,188 @@
+"""``regen plan``: what a full run would do on an inventory, without changing anything.
+
+Three sources, none of which writes anything:
+
+* the stages ``regen.yml`` imports, and the hosts each stage's plays select in this inventory;
+* a check-mode run of the whole pipeline (``--check``; the roles are check-mode safe): a stage whose
+  tasks report no change is already done and a real run would leave it alone; one that reports changes
+  would do work; a stage that fails in check mode after an earlier stage would change is *blocked* (it
+  needs that stage's output first), otherwise it *would fail* and the message says why;
+* the facts introspection produced (from that check run, or the newest ``model_facts*.json`` in the
+  artifacts) and the plan inside them, plus the last real run of each stage from runner's records.
+
+With ``offline=True`` the check run is skipped: nothing connects to any host.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from regen.runner import artifacts as _art
+from regen.runner.api import RunResult, _environment, history, run
+from regen.runner.events import Event
+from regen.runner.project import find_project
+from regen.runner.stages import discover_stages
+
+
+@dataclass
+class StagePlan:
+    """One stage in the plan. ``state``: done, would change, would fail, blocked, not reached, no hosts,
+    not checked (offline)."""
+
+    name: str
+    tag: str
+    hosts: list[str]
+    state: str
+    would_change: int | None = None
+    message: str | None = None
+    last_run: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PlanReport:
+    stages: list[StagePlan] = field(default_factory=list)
+    facts: dict[str, Any] | None = None
+    facts_source: str | None = None
+    inventory: list[str] = field(default_factory=list)
+    check_run: RunResult | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def plan(self) -> dict[str, Any] | None:
+        if isinstance(self.facts, Mapping) and isinstance(self.facts.get("plan"), Mapping):
+            return dict(self.facts["plan"])
+        if self.check_run is not None:
+            return self.check_run.plan
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "inventory": self.inventory,
+            "stages": [s.to_dict() for s in self.stages],
+            "facts_source": self.facts_source,
+            "plan": self.plan,
+            "facts": self.facts,
+            "check_run": self.check_run.ident if self.check_run else None,
+            "check_status": self.check_run.status if self.check_run else None,
+            "warnings": self.warnings,
+        }
+
+
+def _last_runs(project_dir: Path, private_data_dir: Path | None) -> dict[str, dict[str, Any]]:
+    last: dict[str, dict[str, Any]] = {}
+    for past in history(project_dir=project_dir, private_data_dir=private_data_dir, limit=50):
+        if past.check:
+            continue
+        for stage in past.stages:
+            if stage.name not in last and stage.status not in ("not run", "no hosts"):
+                last[stage.name] = {
+                    "ident": past.ident,
+                    "when": stage.finished or past.started,
+                    "status": stage.status,
+                }
+    return last
+
+
+def plan(
+    *,
+    inventory: str | os.PathLike[str] | None = None,
+    extravars: Mapping[str, Any] | None = None,
+    limit: str | None = None,
+    offline: bool = False,
+    on_event: Callable[[Event], None] | None = None,
+    project_dir: str | os.PathLike[str] | None = None,
+    private_data_dir: str | os.PathLike[str] | None = None,
+    **run_kwargs: Any,
+) -> PlanReport:
+    """What a full run would do (see the module docstring). Changes nothing, on any host."""
+    project = find_project(project_dir)
+    stages = [s for s in discover_stages(project.root) if not s.standalone]
+    inventory_path = project.resolve_inventory(inventory)
+    report = PlanReport(inventory=[str(inventory_path)])
+    env = {**os.environ, **_environment(project, None, None)}
+    patterns = sorted({p.hosts for s in stages for p in s.plays})
+    try:
+        query = _art.inventory_query(
+            [inventory_path],
+            env=env,
+            limit=limit,
+            extravars=extravars,
+            names=("regen_artifacts_dir", "regen_work_dir"),
+            patterns=patterns,
+        )
+    except Exception as exc:
+        report.warnings.append(str(exc))
+        query = {"hosts": {}, "patterns": {}}
+    hosts_of = {
+        s.name: sorted({h for p in s.plays for h in query["patterns"].get(p.hosts, [])}) for s in stages
+    }
+    pdd = Path(private_data_dir).expanduser().resolve() if private_data_dir else None
+    last = _last_runs(project.root, pdd)
+
+    check: RunResult | None = None
+    if not offline:
+        check = run(
+            None,
+            inventory=inventory_path,
+            extravars=extravars,
+            limit=limit,
+            check=True,
+            on_event=on_event,
+            project_dir=project.root,
+            private_data_dir=pdd,
+            hostvars=query["hosts"] if query["hosts"] else None,
+            **run_kwargs,
+        )
+        report.check_run = check
+    by_name = {s.name: s for s in check.stages} if check else {}
+    earlier_changes: list[str] = []
+    for stage in stages:
+        entry = StagePlan(
+            name=stage.name,
+            tag=stage.tag,
+            hosts=hosts_of.get(stage.name, []),
+            state="not checked",
+            last_run=last.get(stage.name),
+        )
+        if not entry.hosts and query["patterns"]:
+            entry.state = "no hosts"
+        elif check is not None:
+            summary = by_name.get(stage.name)
+            if summary is None or summary.status == "not run":
+                entry.state = "not reached"
+            elif summary.status == "no hosts":
+                entry.state = "no hosts"
+            elif summary.status in ("failed", "canceled"):
+                failure = next((f for f in check.failures if f.stage == stage.name), None)
+                entry.message = failure.message if failure else check.error
+                entry.state = "blocked" if earlier_changes else "would fail"
+                if earlier_changes:
+                    entry.message = (
+                        f"needs {', '.join(earlier_changes)} first; in check mode: {entry.message}"
+                    )
+            else:
+                entry.would_change = summary.counts.changed
+                entry.state = "would change" if summary.counts.changed else "done"
+                if summary.counts.changed:
+                    earlier_changes.append(stage.name)
+        report.stages.append(entry)
+
+    if check is not None and check.facts is not None:
+        report.facts, report.facts_source = (
+            check.facts,
+            "check run" if check.facts_source == "run" else check.facts_source,
+        )
+    else:
+        artifact_dirs, _ = _art.data_roots(query["hosts"])
+        found = _art.collect_artifacts(artifact_dirs).facts
+        if found:
+            newest = max(found, key=lambda p: p.stat().st_mtime)
+            report.facts, report.facts_source = _art.read_facts_file(newest), str(newest)
+    return report
