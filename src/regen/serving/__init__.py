@@ -1,0 +1,1 @@
+"""Host-side helpers of the `sglang_server` role: the no-systemd process supervisor and log diagnosis."""

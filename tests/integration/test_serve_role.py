@@ -1,0 +1,279 @@
+"""playbooks/serve.yml and playbooks/teardown.yml on localhost: the sglang_server role serves the demo model.
+
+Real parts end to end: ansible-playbook runs the role against a temporary inventory (localhost, connection
+local, CPU profile), the role starts `transformers serve` on the demo model on a free loopback port (this
+machine has no systemd, so under the process supervisor), waits on /v1/models, records the server's
+answers, and the test asks the server for a chat completion. A second run must report changed=0 and
+keep the same process; check mode changes nothing; teardown frees the port. The failure tests inject one
+fault each (a flag the server rejects, a port another process holds). The two full lifecycles (seven and
+three playbook runs, about 1.5 min each on two busy cores) are marked e2e.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RECAP = re.compile(r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _inventory(tmp_path: Path, model: Path, port: int, **extra: object) -> Path:
+    variables = {
+        "regen_root": str(ROOT),
+        "regen_work_dir": str(tmp_path / "work"),
+        "regen_artifacts_dir": str(tmp_path / "artifacts"),
+        "regen_profile": "cpu",
+        "regen_model_path": str(model),
+        "regen_serving_python": sys.executable,
+        "regen_job_python": sys.executable,
+        "sglang_server_port": port,
+        **extra,
+    }
+    inventory = {
+        "all": {
+            "hosts": {
+                "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+            },
+            "children": {"regen_serve": {"hosts": {"localhost": None}}},
+            "vars": variables,
+        }
+    }
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    return path
+
+
+def _play(inventory: Path, playbook: str, *args: str) -> tuple[str, tuple[int, int, int, int]]:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        # Each test its own fact cache: the service-manager fact must come from this run.
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(inventory.parent / "facts"),
+    }
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), f"playbooks/{playbook}", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600,
+    )
+    output = result.stdout + result.stderr
+    match = RECAP.search(output)
+    assert match, output[-4000:]
+    return output, tuple(int(v) for v in match.groups())
+
+
+def _pid(state: Path) -> int:
+    return int((state / "main.pid").read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _nobody_listens(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture
+def teardown_after(tmp_path: Path):
+    """Whatever a test leaves running under tmp_path/work is stopped afterwards."""
+    yield
+    state = tmp_path / "work" / "serving"
+    for pid_file in state.glob("*.pid") if state.exists() else []:
+        subprocess.run([sys.executable, "-m", "regen.serving.supervisor", "stop", "--state-dir", str(state),
+                        "--name", pid_file.stem, "--timeout", "10"], check=False, capture_output=True)
+
+
+@pytest.mark.e2e
+def test_serve_answers_then_idempotent_then_teardown(
+    tmp_path: Path, demo_model_dir: Path, teardown_after
+) -> None:
+    port = _free_port()
+    inventory = _inventory(tmp_path, demo_model_dir, port)
+    state = tmp_path / "work" / "serving"
+
+    output, (_, changed, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 0, output[-5000:]
+    assert changed >= 1
+    assert "background process supervised by regen.serving.supervisor" in output  # the mode is said
+    assert re.search(r"main: ready after \d+s \(HTTP 200\)", output), output[-3000:]
+    pid = _pid(state)
+    assert _alive(pid)
+
+    records = tmp_path / "artifacts" / "serving" / "localhost-main"
+    launch = json.loads((records / "launch.json").read_text())
+    assert launch["mode"] == "process" and launch["backend"] == "transformers"
+    assert launch["argv"][-6:] == ["--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+    models = json.loads((records / "v1_models.json").read_text())
+    model_id = models["data"][0]["id"]
+    assert model_id == str(demo_model_dir)
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps({"model": model_id, "messages": [{"role": "user", "content": "hello"}],
+                         "max_tokens": 4}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        answer = json.loads(response.read())
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    assert answer["usage"]["completion_tokens"] >= 1
+
+    output, (_, changed, _, failed) = _play(inventory, "serve.yml")
+    assert (changed, failed) == (0, 0), output[-5000:]
+    assert "regen-serve-main: unchanged" in output
+    assert _pid(state) == pid and _alive(pid)  # the healthy server was not restarted
+
+    output, (_, changed, _, failed) = _play(inventory, "serve.yml", "--check")
+    assert (changed, failed) == (0, 0), output[-5000:]
+    assert _pid(state) == pid
+
+    output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
+    assert failed == 0 and changed == 1, output[-5000:]
+    assert not _alive(pid) and _nobody_listens(port)
+    output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
+    assert (changed, failed) == (0, 0), output[-5000:]
+
+    output, (_, changed, _, failed) = _play(inventory, "teardown.yml", "-e", "sglang_server_state=absent")
+    assert failed == 0 and changed >= 1, output[-5000:]
+    assert not list(state.glob("main.*"))
+
+
+def test_a_server_that_exits_during_load_fails_fast_with_the_cause(
+    tmp_path: Path, demo_model_dir: Path, teardown_after
+) -> None:
+    # Fault injection: a flag `transformers serve` does not know makes it exit at once.
+    port = _free_port()
+    inventory = _inventory(tmp_path, demo_model_dir, port, sglang_server_extra_args=["--no-such-flag"],
+                           sglang_server_ready_budget_s=300)
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1, output[-4000:]
+    assert "regen-serve-main is not ready: it exited during load" in output
+    assert "likely cause: the server rejected a command-line flag" in output
+    assert "No such option '--no-such-flag'" in output
+    # Fast: it stopped at the first poll that saw the process gone, not after the 300 s budget.
+    assert output.count("(item=main:") <= 2
+
+
+def test_a_port_held_by_another_process_is_refused(
+    tmp_path: Path, demo_model_dir: Path, teardown_after
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        inventory = _inventory(tmp_path, demo_model_dir, port)
+        output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1
+    assert f"port {port} on 127.0.0.1 is already in use by another process" in output
+    assert not (tmp_path / "work" / "serving" / "main.pid").exists()
+
+
+def test_plan_errors_stop_before_anything_starts(tmp_path: Path, demo_model_dir: Path) -> None:
+    inventory = _inventory(tmp_path, demo_model_dir, _free_port(), sglang_server_backend="sglang",
+                           sglang_server_gpu_count=4, sglang_server_tp_size=8)
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1
+    assert "the plan needs 8 GPUs per node" in output and "this host has 4 visible" in output
+    inventory = _inventory(tmp_path, tmp_path / "no-model", _free_port())
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1
+    assert "does not exist on this host" in output
+    inventory = _inventory(tmp_path, demo_model_dir, _free_port(), sglang_server_host="0.0.0.0")
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1
+    assert "no API key is set" in output
+    assert not (tmp_path / "work" / "serving" / "main.pid").exists()
+
+
+def test_systemd_unit_rendered_in_check_mode(tmp_path: Path, demo_model_dir: Path) -> None:
+    """This machine has no systemd, so the unit is shown (check mode + diff), not installed: the real
+    template through real Ansible templating, with an API key that must not appear in it."""
+    facts = ROOT / "tests" / "fixtures" / "serving" / "facts-kimi-k2.6.json"
+    inventory = _inventory(
+        tmp_path, demo_model_dir, _free_port(), sglang_server_supervisor="systemd",
+        sglang_server_backend="sglang", sglang_server_gpu_count=8, sglang_server_api_key="s3cr3t-key",
+        sglang_server_host="0.0.0.0",
+        sglang_server_facts_file=str(facts), sglang_server_unit_dir=str(tmp_path / "units"),
+        sglang_server_environment={"TORCH_CUDA_ARCH_LIST": "12.0", "NCCL_P2P_LEVEL": "SYS"},
+    )
+    output, (_, _, _, failed) = _play(inventory, "serve.yml", "--check", "--diff")
+    assert failed == 0, output[-5000:]
+    unit = [line[1:] for line in output.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    text = "\n".join(unit)
+    assert "s3cr3t-key" not in output
+    exec_start = next(line for line in unit if line.startswith("ExecStart="))
+    assert " -m sglang.launch_server --model-path " in exec_start
+    assert " --tp-size 8 --ep-size 8 " in exec_start and " --reasoning-parser kimi_k2 " in exec_start
+    assert exec_start.endswith(f"--config {tmp_path}/work/serving/main.secret.yaml")
+    assert f"EnvironmentFile={tmp_path}/work/serving/main.env" in unit
+    assert 'Environment="TORCH_CUDA_ARCH_LIST=12.0"' in unit
+    for line in ("Restart=on-failure", "TimeoutStartSec=3600", "LimitMEMLOCK=infinity", "LimitNOFILE=1048576",
+                 "StandardOutput=journal", "KillMode=control-group"):
+        assert line in unit, text
+    assert not (tmp_path / "units").exists() and not (tmp_path / "work" / "serving" / "main.env").exists()
+
+
+@pytest.mark.e2e
+def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, teardown_after) -> None:
+    """A real sglang-router 0.3.2 process (from the throwaway venv of test_serving_argv.py) started by the
+    role's router entry point in front of the demo server: it must come up on /health, route /v1/models to
+    the worker, stay untouched on a second run, and stop on teardown. (It cannot route a chat completion
+    to `transformers serve`: the router adds SGLang-only request fields that transformers rejects.)"""
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "serving"))
+    from sglang_venv import VenvError, sglang_venv_python
+
+    try:
+        router_python = sglang_venv_python()
+    except VenvError as exc:
+        pytest.fail(str(exc))
+    port, router_port = _free_port(), _free_port()
+    inventory = _inventory(
+        tmp_path, demo_model_dir, port, sglang_server_router_enabled=True,
+        sglang_server_router_python=str(router_python), sglang_server_router_port=router_port,
+        sglang_server_router_policy="round_robin",
+    )
+    state = tmp_path / "work" / "serving"
+    output, (_, changed, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 0, output[-5000:]
+    assert "regen-serve-router: started" in output
+    assert re.search(r"router: ready after \d+s \(HTTP 200\)", output), output[-3000:]
+    launch = json.loads((tmp_path / "artifacts" / "serving" / "localhost-router" / "launch.json").read_text())
+    assert launch["argv"][1:] == [
+        "-m", "sglang_router.launch_router", "--worker-urls", f"http://127.0.0.1:{port}",
+        "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(router_port),
+    ]
+    with urllib.request.urlopen(f"http://127.0.0.1:{router_port}/v1/models", timeout=30) as response:
+        assert response.status == 200 and json.loads(response.read())["data"]
+    router_pid = int((state / "router.pid").read_text())
+
+    output, (_, changed, _, failed) = _play(inventory, "serve.yml")
+    assert (changed, failed) == (0, 0), output[-5000:]
+    assert int((state / "router.pid").read_text()) == router_pid
+
+    output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
+    assert failed == 0 and changed == 2, output[-5000:]
+    assert not _alive(router_pid) and _nobody_listens(router_port) and _nobody_listens(port)
