@@ -1,0 +1,1 @@
+"""Data files shipped with regen (the embedded default's prompt set)."""

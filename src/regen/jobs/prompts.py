@@ -1,0 +1,767 @@
+"""Build the prompt set: read sources, normalize every row, drop duplicates, sample, write shards atomically.
+
+    python -m regen.jobs.prompts --source SPEC [--source SPEC ...] --output-dir DIR [--sample N --seed S]
+
+A SPEC is a local file or directory (`*.jsonl`, `*.jsonl.gz`, `*.parquet`), `builtin:demo` (the small prompt
+set regen ships for the embedded default), `hf:NAME` (a Hugging Face dataset; needs the `datasets` package
+and access to the hub), or a JSON object with the options:
+  {"path": "...", "hf": "org/name", "builtin": "demo",          one of these three
+   "config": null, "split": "train", "revision": null,          Hugging Face datasets only
+   "mapping": {"id": "uuid", "conversations": "dialog", "role_key": "from", "content_key": "value",
+               "prompt": "question", "system": "system_prompt"},   field names, when not auto-detected
+   "sample": 1000, "seed": 0, "id_prefix": "sharegpt-", "name": "label in reports"}
+
+Every row becomes `{"id", "conversations": [{"role", "content"}, ...]}` (SpecForge's format; roles system,
+user, assistant). ShareGPT (`from`/`value`, human/gpt), OpenAI `messages`, and prompt-only rows (`prompt`,
+`instruction` + `input`, `question`, ...) are recognised. Ids are the source's own (with `id_prefix`) or a
+hash of the prompt content. Rows whose prompt side (system and user turns; assistant text is regenerated
+later anyway) repeats an earlier row are dropped as duplicates. Sampling keeps the N rows with the smallest
+keyed hash of (seed, id): the same input and seed give the same sample, whatever the order of the rows.
+
+Output in DIR: `prompts-<fingerprint>-NNNNN.jsonl` shards, `rejects.jsonl` (rows that could not be
+normalized, with the reason), and `manifest.json`, written last, which commits the set. Running again with
+the same sources, contents and options changes nothing (`"changed": false` on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import heapq
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ._common import (
+    EXIT_OK,
+    JobError,
+    atomic_write_json,
+    canonical_json,
+    decode_json_line,
+    fsync_dir,
+    iter_lines,
+    kv,
+    run_main,
+    setup_logging,
+    sha256_file,
+    write_all,
+)
+
+log = logging.getLogger("regen.jobs.prompts")
+
+SCHEMA_VERSION = 1
+BUILTINS = {"demo": "demo_prompts.jsonl"}
+ROLE_ALIASES = {
+    "user": "user",
+    "human": "user",
+    "prompter": "user",
+    "question": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "answer": "assistant",
+    "system": "system",
+}
+CONVERSATION_KEYS = ("conversations", "messages", "conversation", "dialog", "dialogue", "chat")
+ROLE_KEYS = ("role", "from", "speaker", "author")
+CONTENT_KEYS = ("content", "value", "text", "message")
+PROMPT_KEYS = ("prompt", "instruction", "question", "query", "input", "text")
+SYSTEM_KEYS = ("system", "system_prompt")
+ID_KEYS = ("id", "uuid", "conversation_id", "_id", "idx")
+MAX_ID_LENGTH = 256
+REJECT_EXCERPT = 400
+
+
+class Reject(ValueError):
+    """A row that cannot be normalized; the message is the reason in rejects.jsonl."""
+
+
+# ==================================================================================================
+# Pure normalization
+# ==================================================================================================
+
+
+def _text(value: Any, where: str) -> str:
+    """A turn's content as text: a string, or OpenAI content parts of type text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise Reject(f"{where} has non-text content ({kind}); regen handles text prompts only")
+        return "\n".join(parts)
+    raise Reject(f"{where} has content of type {type(value).__name__}, expected text")
+
+
+def _pick(row: dict, mapping: dict, name: str, candidates: tuple[str, ...]) -> str | None:
+    key = mapping.get(name)
+    if key is not None:
+        if key not in row:
+            raise Reject(f"mapped field {name}={key!r} is missing from the row (fields: {sorted(row)[:12]})")
+        return key
+    return next((k for k in candidates if k in row), None)
+
+
+def normalize_conversation(row: Any, mapping: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """Turn one source row into [{"role", "content"}, ...] or raise Reject with the reason."""
+    mapping = mapping or {}
+    if not isinstance(row, dict):
+        raise Reject(f"row is a JSON {type(row).__name__}, expected an object")
+    conv_key = _pick(row, mapping, "conversations", CONVERSATION_KEYS)
+    turns: list[dict[str, str]] = []
+    if conv_key is not None and isinstance(row[conv_key], list):
+        raw_turns = row[conv_key]
+        if not raw_turns:
+            raise Reject(f"field {conv_key!r} is an empty list")
+        for i, turn in enumerate(raw_turns):
+            where = f"turn {i}"
+            if not isinstance(turn, dict):
+                raise Reject(f"{where} is a {type(turn).__name__}, expected an object with role and content")
+            rkey = mapping.get("role_key") or next((k for k in ROLE_KEYS if k in turn), None)
+            ckey = mapping.get("content_key") or next((k for k in CONTENT_KEYS if k in turn), None)
+            if rkey is None or rkey not in turn:
+                raise Reject(f"{where} has no role field (looked for {', '.join(ROLE_KEYS)})")
+            raw_role = turn[rkey]
+            role = ROLE_ALIASES.get(str(raw_role).strip().lower()) if isinstance(raw_role, str) else None
+            if role is None:
+                raise Reject(
+                    f"{where} has unknown role {raw_role!r} (known: system, user/human, assistant/gpt)"
+                )
+            if ckey is None or ckey not in turn:
+                raise Reject(f"{where} has no content field (looked for {', '.join(CONTENT_KEYS)})")
+            content = turn[ckey]
+            if content is None and role == "assistant":
+                content = ""
+            turns.append({"role": role, "content": _text(content, where)})
+    elif conv_key is not None and mapping.get("conversations"):
+        raise Reject(f"mapped field {conv_key!r} is not a list of turns")
+    else:
+        pkey = _pick(row, mapping, "prompt", PROMPT_KEYS)
+        if pkey is None:
+            raise Reject(
+                "row has neither a conversation (conversations/messages) nor a prompt field "
+                "(prompt/instruction/question); set `mapping` for this source"
+            )
+        text = _text(row[pkey], f"field {pkey!r}")
+        # Alpaca style: the instruction plus an optional input.
+        if pkey == "instruction" and isinstance(row.get("input"), str) and row["input"].strip():
+            text = f"{text}\n\n{row['input']}"
+        turns.append({"role": "user", "content": text})
+
+    # a mapped system field may be absent from some rows: no system turn then
+    skey = mapping.get("system") or next((k for k in SYSTEM_KEYS if k in row), None)
+    if skey is not None and row.get(skey) not in (None, "") and turns[0]["role"] != "system":
+        turns.insert(0, {"role": "system", "content": _text(row[skey], f"field {skey!r}")})
+    return validate_conversation(turns)
+
+
+def validate_conversation(turns: list[dict[str, str]]) -> list[dict[str, str]]:
+    seen_user = False
+    for i, t in enumerate(turns):
+        role = t["role"]
+        if role == "system" and i != 0:
+            raise Reject(f"turn {i} is a system turn after the start of the conversation")
+        if role == "assistant":
+            if not seen_user:
+                raise Reject(f"turn {i} is an assistant turn before any user turn")
+            if turns[i - 1]["role"] == "assistant":
+                raise Reject(f"turns {i - 1} and {i} are consecutive assistant turns")
+        if role == "user":
+            if not t["content"].strip():
+                raise Reject(f"turn {i} is an empty user turn")
+            seen_user = True
+        if role == "system" and not t["content"].strip():
+            raise Reject("the system turn is empty")
+    if not seen_user:
+        raise Reject("conversation has no user turn")
+    return turns
+
+
+def prompt_key(turns: list[dict[str, str]]) -> bytes:
+    """Identity of what will be asked: roles plus system/user text (assistant text is regenerated)."""
+    side = [[t["role"], t["content"] if t["role"] != "assistant" else ""] for t in turns]
+    return hashlib.blake2b(canonical_json(side), digest_size=16).digest()
+
+
+def row_id(row: Any, turns: list[dict[str, str]], mapping: dict[str, str], prefix: str) -> str:
+    """The source's id (with prefix), else a content hash of the prompt side."""
+    key = _pick(row, mapping, "id", ID_KEYS) if isinstance(row, dict) else None
+    if key is not None:
+        value = row[key]
+        if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+            raise Reject(f"id field {key!r} holds {value!r}; expected a non-empty string or integer")
+        rid = f"{prefix}{value}"
+        if len(rid) > MAX_ID_LENGTH or "\n" in rid:
+            raise Reject(f"id {rid[:40]!r}... is longer than {MAX_ID_LENGTH} characters or has a newline")
+        return rid
+    return f"{prefix}{prompt_key(turns).hex()[:24]}"
+
+
+def sample_key(seed: int, rid: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}\x00{rid}".encode(), digest_size=8).digest(), "big")
+
+
+# ==================================================================================================
+# Sources
+# ==================================================================================================
+
+
+@dataclass
+class Source:
+    kind: str  # path | hf | builtin
+    location: str
+    name: str
+    mapping: dict[str, str] = field(default_factory=dict)
+    sample: int | None = None
+    seed: int | None = None
+    id_prefix: str = ""
+    split: str = "train"
+    config: str | None = None
+    revision: str | None = None
+    files: list[Path] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        d = {
+            "kind": self.kind,
+            "location": self.location,
+            "name": self.name,
+            "mapping": self.mapping,
+            "sample": self.sample,
+            "seed": self.seed,
+            "id_prefix": self.id_prefix,
+        }
+        if self.kind == "hf":
+            d.update(split=self.split, config=self.config, revision=self.revision)
+        return d
+
+
+_SOURCE_KEYS = {
+    "path",
+    "hf",
+    "builtin",
+    "mapping",
+    "sample",
+    "seed",
+    "id_prefix",
+    "split",
+    "config",
+    "revision",
+    "name",
+}
+
+
+def parse_source(spec: str | dict) -> Source:
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text.startswith("{"):
+            try:
+                spec = json.loads(text)
+            except ValueError as exc:
+                raise JobError(f"--source {text[:60]!r} is not valid JSON ({exc})") from None
+        elif text.startswith("builtin:"):
+            spec = {"builtin": text.split(":", 1)[1]}
+        elif text.startswith("hf:"):
+            spec = {"hf": text.split(":", 1)[1]}
+        else:
+            spec = {"path": text}
+    if not isinstance(spec, dict):
+        raise JobError(f"a source must be a path, builtin:NAME, hf:NAME or a JSON object, got {spec!r}")
+    unknown = set(spec) - _SOURCE_KEYS
+    if unknown:
+        raise JobError(
+            f"source {spec} has unknown option(s) {sorted(unknown)}; known: {sorted(_SOURCE_KEYS)}"
+        )
+    where = [k for k in ("path", "hf", "builtin") if spec.get(k)]
+    if len(where) != 1:
+        raise JobError(f"source {spec} must name exactly one of path, hf or builtin")
+    kind = where[0]
+    location = str(spec[kind])
+    mapping = spec.get("mapping") or {}
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise JobError(f"source {location}: mapping must be an object of field names")
+    sample = spec.get("sample")
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
+        raise JobError(f"source {location}: sample must be a positive integer, got {sample!r}")
+    src = Source(
+        kind=kind,
+        location=location,
+        name=str(spec.get("name") or f"{kind}:{location}"),
+        mapping=mapping,
+        sample=sample,
+        seed=spec.get("seed"),
+        id_prefix=str(spec.get("id_prefix") or ""),
+        split=str(spec.get("split") or "train"),
+        config=spec.get("config"),
+        revision=spec.get("revision"),
+    )
+    if kind == "builtin":
+        if location not in BUILTINS:
+            raise JobError(f"unknown builtin prompt set {location!r}; available: {sorted(BUILTINS)}")
+        from importlib import resources
+
+        src.files = [Path(str(resources.files("regen.data").joinpath(BUILTINS[location])))]
+    elif kind == "path":
+        src.files = _files_of(Path(location))
+    return src
+
+
+def _files_of(path: Path) -> list[Path]:
+    def ok(p: Path) -> bool:
+        return p.name.endswith((".jsonl", ".jsonl.gz", ".json", ".parquet"))
+
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and ok(p) and not p.name.startswith("."))
+        if not files:
+            raise JobError(f"source directory {path} holds no .jsonl, .jsonl.gz or .parquet files")
+        return files
+    if path.is_file():
+        if not ok(path):
+            raise JobError(f"source {path}: unsupported file type; use .jsonl, .jsonl.gz or .parquet")
+        return [path]
+    raise JobError(f"source {path} does not exist")
+
+
+def iter_source_rows(src: Source) -> Iterator[tuple[str, Any, str | None]]:
+    """Yield (where, row, parse_error) for every row, streaming (bounded memory)."""
+    if src.kind == "hf":
+        yield from _iter_hf(src)
+        return
+    for path in src.files:
+        if path.name.endswith(".parquet"):
+            yield from _iter_parquet(path)
+        else:
+            for lineno, raw in iter_lines(path):
+                row, err = decode_json_line(raw)
+                yield f"{path.name}:{lineno}", row, err
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[str, Any, str | None]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise JobError(
+            f"{path} is Parquet, and pyarrow is not installed in {sys.executable}; "
+            "install regen[jobs] or convert the file to JSONL"
+        ) from None
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
+        raise JobError(f"cannot read Parquet file {path}: {exc}") from None
+    n = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for row in batch.to_pylist():
+            n += 1
+            yield f"{path.name}:row {n}", row, None
+
+
+def _iter_hf(src: Source) -> Iterator[tuple[str, Any, str | None]]:
+    # Optional: hosts that can reach the hub install `datasets`; everything else uses local files.
+    try:
+        import datasets
+    except ImportError:
+        raise JobError(
+            f"source hf:{src.location} needs the `datasets` package in {sys.executable} "
+            "(pip install datasets) and access to the Hugging Face hub; on offline hosts download "
+            "the data elsewhere and pass it as a local JSONL/Parquet path"
+        ) from None
+    try:
+        ds = datasets.load_dataset(
+            src.location, src.config, split=src.split, revision=src.revision, streaming=True
+        )
+    except Exception as exc:  # network, auth, missing split: one clear line instead of a traceback
+        raise JobError(
+            f"cannot load hf:{src.location} (config={src.config}, split={src.split}): {exc}"
+        ) from None
+    for n, row in enumerate(ds, 1):
+        yield f"{src.location}:row {n}", row, None
+
+
+# ==================================================================================================
+# Building the set
+# ==================================================================================================
+
+
+@dataclass
+class Counts:
+    read: int = 0
+    rows: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    id_conflicts: int = 0
+    sampled_out: int = 0
+    per_source: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+class _Sampler:
+    """Keeps the n rows with the smallest keyed hash: reproducible and independent of row order."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+        self.heap: list[tuple[int, int, str, list, bytes]] = []  # (-key, order, id, turns, pkey)
+        self.evicted = 0
+
+    def offer(self, order: int, rid: str, turns: list, pkey: bytes) -> None:
+        item = (-sample_key(self.seed, rid), order, rid, turns, pkey)
+        if len(self.heap) < self.n:
+            heapq.heappush(self.heap, item)
+        elif item[0] > self.heap[0][0]:
+            heapq.heapreplace(self.heap, item)
+            self.evicted += 1
+        else:
+            self.evicted += 1
+
+    def rows(self) -> list[tuple[int, str, list, bytes]]:
+        return sorted((order, rid, turns, pkey) for _, order, rid, turns, pkey in self.heap)
+
+
+class _ShardWriter:
+    """Writes rows into temp shard files; each shard is renamed into place once complete."""
+
+    def __init__(self, out: Path, fp8: str, shard_rows: int):
+        self.out, self.fp8, self.shard_rows = out, fp8, shard_rows
+        self.shards: list[dict[str, Any]] = []
+        self._fd: int | None = None
+        self._tmp: Path | None = None
+        self._rows = 0
+        self._bytes = 0
+        self._hash = hashlib.sha256()
+        self._buf: list[bytes] = []
+
+    def write(self, rid: str, turns: list) -> None:
+        if self._fd is None:
+            name = f"prompts-{self.fp8}-{len(self.shards):05d}.jsonl"
+            self._tmp = self.out / f".{name}.tmp"
+            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._name = name
+        line = json.dumps({"id": rid, "conversations": turns}, ensure_ascii=False).encode() + b"\n"
+        self._buf.append(line)
+        self._hash.update(line)
+        self._rows += 1
+        self._bytes += len(line)
+        if len(self._buf) >= 1024:
+            write_all(self._fd, b"".join(self._buf))
+            self._buf.clear()
+        if self._rows >= self.shard_rows:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._fd is None:
+            return
+        write_all(self._fd, b"".join(self._buf))
+        self._buf.clear()
+        os.fsync(self._fd)
+        os.close(self._fd)
+        os.replace(self._tmp, self.out / self._name)
+        self.shards.append(
+            {"path": self._name, "rows": self._rows, "bytes": self._bytes, "sha256": self._hash.hexdigest()}
+        )
+        self._fd, self._rows, self._bytes, self._hash = None, 0, 0, hashlib.sha256()
+
+    def close(self) -> list[dict[str, Any]]:
+        self._finish()
+        return self.shards
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+
+
+def fingerprint(sources: list[Source], sample: int | None, seed: int, shard_rows: int) -> str:
+    desc = []
+    for src in sources:
+        d = src.describe()
+        # content, not path or mtime: a copied file is the same input, an edited one is not
+        d["files"] = [sha256_file(p) for p in src.files]
+        desc.append(d)
+    doc = {
+        "schema": SCHEMA_VERSION,
+        "sources": desc,
+        "sample": sample,
+        "seed": seed,
+        "shard_rows": shard_rows,
+    }
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+def up_to_date(out: Path, fp: str) -> dict[str, Any] | None:
+    """The existing manifest when the output already holds exactly this set, else None."""
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fp:
+        return None
+    for shard in manifest.get("shards", []):
+        p = out / shard["path"]
+        if not p.is_file() or p.stat().st_size != shard["bytes"]:
+            return None
+    if not (out / "rejects.jsonl").is_file():
+        return None
+    return manifest
+
+
+def build(
+    sources: list[Source],
+    out: Path,
+    *,
+    sample: int | None,
+    seed: int,
+    shard_rows: int,
+    check: bool = False,
+    force: bool = False,
+) -> dict[str, Any]:
+    fp = fingerprint(sources, sample, seed, shard_rows)
+    existing = None if force else up_to_date(out, fp)
+    if existing is not None:
+        return {
+            "changed": False,
+            "rows": existing["rows"],
+            "rejected": existing["rejected"],
+            "duplicates": existing["duplicates"],
+            "manifest": str(out / "manifest.json"),
+            "fingerprint": fp,
+        }
+    if check:
+        return {"changed": True, "manifest": str(out / "manifest.json"), "fingerprint": fp}
+
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    counts = Counts()
+    writer = _ShardWriter(out, fp[:8], shard_rows)
+    rejects_tmp = out / ".rejects.jsonl.tmp"
+    rejects_fd = os.open(rejects_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    seen_prompts: set[bytes] = set()  # prompt keys already in the set (16 bytes each)
+    seen_ids: dict[bytes, bytes] = {}  # id digest -> prompt key, to tell a duplicate from a clash
+    global_sampler = _Sampler(sample, seed) if sample else None
+    order = 0
+
+    def reject(src: Source, where: str, reason: str, row: Any) -> None:
+        counts.rejected += 1
+        counts.per_source[src.name]["rejected"] += 1
+        excerpt = row if isinstance(row, str) else json.dumps(row, ensure_ascii=False, default=str)
+        doc = {"source": src.name, "where": where, "reason": reason, "row": excerpt[:REJECT_EXCERPT]}
+        write_all(rejects_fd, json.dumps(doc, ensure_ascii=False).encode() + b"\n")
+
+    def admit(src: Source, rid: str, turns: list, pkey: bytes, o: int, where: str) -> bool:
+        """Dedup against rows already in the set; True when the row is new."""
+        idd = hashlib.blake2b(rid.encode(), digest_size=16).digest()
+        if pkey in seen_prompts:
+            counts.duplicates += 1
+            counts.per_source[src.name]["duplicates"] += 1
+            return False
+        if idd in seen_ids:
+            counts.id_conflicts += 1
+            reject(
+                src,
+                where,
+                f"id {rid!r} is already used by a different prompt; set id_prefix for this "
+                "source or fix its ids",
+                {"id": rid, "conversations": turns},
+            )
+            return False
+        seen_prompts.add(pkey)
+        seen_ids[idd] = pkey
+        return True
+
+    def emit(src: Source, rid: str, turns: list, pkey: bytes, o: int, where: str) -> None:
+        if not admit(src, rid, turns, pkey, o, where):
+            return
+        counts.per_source[src.name]["kept"] += 1
+        if global_sampler is not None:
+            global_sampler.offer(o, rid, turns, pkey)
+        else:
+            writer.write(rid, turns)
+
+    try:
+        for src in sources:
+            counts.per_source[src.name] = {
+                "read": 0,
+                "kept": 0,
+                "rejected": 0,
+                "duplicates": 0,
+                "sampled_out": 0,
+            }
+            per = _Sampler(src.sample, src.seed if src.seed is not None else seed) if src.sample else None
+            local_seen: set[bytes] = set()
+            for where, row, err in iter_source_rows(src):
+                counts.read += 1
+                counts.per_source[src.name]["read"] += 1
+                if err is not None:
+                    reject(src, where, err, row)
+                    continue
+                try:
+                    turns = normalize_conversation(row, src.mapping)
+                    rid = row_id(row, turns, src.mapping, src.id_prefix)
+                except Reject as exc:
+                    reject(src, where, str(exc), row)
+                    continue
+                pkey = prompt_key(turns)
+                order += 1
+                if per is None:
+                    emit(src, rid, turns, pkey, order, where)
+                elif pkey in local_seen or pkey in seen_prompts:
+                    counts.duplicates += 1
+                    counts.per_source[src.name]["duplicates"] += 1
+                else:
+                    local_seen.add(pkey)
+                    per.offer(order, rid, turns, pkey)
+            if per is not None:
+                counts.per_source[src.name]["sampled_out"] = per.evicted
+                counts.sampled_out += per.evicted
+                for o, rid, turns, pkey in per.rows():
+                    emit(src, rid, turns, pkey, o, f"{src.name}:sampled")
+            log.info("source read", extra=kv(source=src.name, **counts.per_source[src.name]))
+        if global_sampler is not None:
+            counts.sampled_out += global_sampler.evicted
+            for _, rid, turns, _ in global_sampler.rows():
+                writer.write(rid, turns)
+        shards = writer.close()
+    except BaseException:
+        writer.abort()
+        os.close(rejects_fd)
+        with contextlib.suppress(OSError):
+            rejects_tmp.unlink()
+        raise
+    os.fsync(rejects_fd)
+    os.close(rejects_fd)
+    os.replace(rejects_tmp, out / "rejects.jsonl")
+    counts.rows = sum(s["rows"] for s in shards)
+    if counts.rows == 0:
+        raise JobError(
+            f"no usable prompts: {counts.read} rows read, {counts.rejected} rejected "
+            f"(reasons in {out / 'rejects.jsonl'}), {counts.duplicates} duplicates"
+        )
+    manifest = {
+        "schema": SCHEMA_VERSION,
+        "fingerprint": fp,
+        "generator": f"regen {__version__}",
+        "created_at": time.time(),
+        "format": "jsonl: {id, conversations: [{role, content}]}",
+        "shards": shards,
+        "rows": counts.rows,
+        "read": counts.read,
+        "rejected": counts.rejected,
+        "duplicates": counts.duplicates,
+        "id_conflicts": counts.id_conflicts,
+        "sampled_out": counts.sampled_out,
+        "sample": sample,
+        "seed": seed,
+        "sources": [dict(src.describe(), counts=counts.per_source[src.name]) for src in sources],
+    }
+    atomic_write_json(out / "manifest.json", manifest)  # the commit point
+    _remove_stale(out, {s["path"] for s in shards})
+    log.info(
+        "prompt set written",
+        extra=kv(rows=counts.rows, shards=len(shards), seconds=f"{time.monotonic() - t0:.2f}"),
+    )
+    return {
+        "changed": True,
+        "rows": counts.rows,
+        "rejected": counts.rejected,
+        "duplicates": counts.duplicates,
+        "sampled_out": counts.sampled_out,
+        "manifest": str(out / "manifest.json"),
+        "fingerprint": fp,
+    }
+
+
+_OWN_FILE = re.compile(
+    r"^(prompts-[0-9a-f]{8}-\d{5}\.jsonl|\.prompts-[0-9a-f]{8}-\d{5}\.jsonl\.tmp|\.rejects\.jsonl\.tmp)$"
+)
+
+
+def _remove_stale(out: Path, keep: set[str]) -> None:
+    """Shards of an earlier set (or temp files of a killed run) go once the new manifest is committed."""
+    removed = False
+    for entry in os.scandir(out):
+        if _OWN_FILE.match(entry.name) and entry.name not in keep:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed = True
+    if removed:
+        fsync_dir(out)
+
+
+# ==================================================================================================
+# CLI
+# ==================================================================================================
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m regen.jobs.prompts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        required=True,
+        metavar="SPEC",
+        help="path, builtin:demo, hf:NAME or a JSON object (repeatable)",
+    )
+    p.add_argument("--output-dir", required=True, type=Path)
+    p.add_argument(
+        "--sample", type=int, help="keep this many prompts of the whole set (after per-source samples)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--shard-rows", type=int, default=100_000, help="rows per output shard")
+    p.add_argument("--check", action="store_true", help="only report whether a build would change the output")
+    p.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", default="text", choices=("text", "json"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    setup_logging(a.log_level, a.log_format)
+    if a.sample is not None and a.sample < 1:
+        raise JobError("--sample must be a positive integer")
+    if a.shard_rows < 1:
+        raise JobError("--shard-rows must be a positive integer")
+    sources = [parse_source(s) for s in a.source]
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise JobError(f"two sources share a name ({names}); give them distinct `name`s")
+    result = build(
+        sources,
+        a.output_dir,
+        sample=a.sample,
+        seed=a.seed,
+        shard_rows=a.shard_rows,
+        check=a.check,
+        force=a.force,
+    )
+    if not a.check:
+        state = "written" if result["changed"] else "up to date"
+        print(
+            f"prompts: {state}: rows={result['rows']} rejected={result['rejected']} "
+            f"duplicates={result['duplicates']} -> {a.output_dir}",
+            file=sys.stderr,
+        )
+    print(json.dumps(result), flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

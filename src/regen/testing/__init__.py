@@ -1,0 +1,1 @@
+"""Test helpers shipped with regen (fault-injection stubs, not replacements for the real parts)."""

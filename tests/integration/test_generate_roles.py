@@ -1,0 +1,127 @@
+"""The prompts and generate stages through the real playbooks and inventory, against the STUB server.
+
+What the serve and introspect stages would publish (endpoint, served model name, the facts' plan with
+its chat-template kwargs) is passed as extra vars, so the roles resolve them exactly as in a full run;
+data and artifacts go to a temporary directory. Real-model generation runs in the e2e pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from regen.testing.stub_openai_server import StubConfig, StubServer
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RECAP = re.compile(
+    r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
+)
+
+
+def play(extra_vars: dict, *args: str) -> tuple[int, int, str]:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    result = subprocess.run(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            "inventory/local",
+            "playbooks/prompts.yml",
+            "playbooks/generate.yml",
+            "-e",
+            json.dumps(extra_vars),
+            *args,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    recaps = RECAP.findall(output)  # one recap per playbook, each counting the whole run so far
+    assert recaps, output[-4000:]
+    return result.returncode, int(recaps[-1][1]), output
+
+
+def test_prompts_and_generate_stages(tmp_path):
+    # two poison prompts fail on the first run, as prompts a real server rejects would
+    config = StubConfig(
+        delay=0.01, reasoning="when_thinking", record=True, fail_match="POISON", fail_kind="500"
+    )
+    with StubServer(config) as stub:
+        extra = {
+            "regen_work_dir": str(tmp_path / "work"),
+            "regen_artifacts_dir": str(tmp_path / "artifacts"),
+            # what the serve and introspect stages publish
+            "regen_serving_endpoint": stub.url,
+            "regen_served_model_name": "regen-demo-kimi",
+            "regen_model_facts": {
+                "plan": {
+                    "generation": {
+                        "chat_template_kwargs": {
+                            "value": {"thinking": True},
+                            "reason": "the template reads it",
+                        }
+                    }
+                }
+            },
+            "prompt_data_sources": [
+                {"builtin": "demo"},
+                {"path": str(write_poison(tmp_path)), "name": "poison"},
+            ],
+            "completions_poll_interval_s": 1,
+            "completions_concurrency": 8,
+            "completions_max_retries": 1,
+        }
+        rc, changed, out = play(extra, "--check")
+        assert (rc, changed) == (0, 2), out[-4000:]
+        assert not (tmp_path / "work").exists()
+
+        # a failing prompt fails the play with the job's summary and the way out
+        rc, changed, out = play(extra)
+        assert rc != 0 and "done=24 failed=2" in out and "errors.jsonl and are retried" in out, out[-4000:]
+        completions = tmp_path / "work" / "completions"
+        recs = [
+            json.loads(x)
+            for p in sorted(completions.glob("completions-*.jsonl"))
+            for x in p.read_text().splitlines()
+        ]
+        assert len(recs) == len({r["id"] for r in recs}) == 24
+        # the facts decided the kwargs and the served name; the stub answered with reasoning because of them
+        assert all(r["body"]["chat_template_kwargs"] == {"thinking": True} for r in stub.requests)
+        assert all(r["body"]["model"] == "regen-demo-kimi" for r in stub.requests)
+        assert all(r["conversations"][-1].get("reasoning_content") for r in recs)
+
+        # the server recovers: the next run retries only the two, then everything is up to date
+        stub.configure(fail_match=None)
+        rc, changed, out = play(extra)
+        assert rc == 0 and changed >= 1 and "done=2 failed=0 skipped=24" in out, out[-4000:]
+        status = json.loads((tmp_path / "artifacts" / "completions" / "status-localhost.json").read_text())
+        assert status["state"] == "done" and status["skipped"] == 24
+        sent = len(stub.requests)
+
+        rc, changed, out = play(extra)
+        assert (rc, changed) == (0, 0), out[-4000:]
+        assert "completions up to date: 26 of 26" in out and len(stub.requests) == sent
+
+        rc, changed, out = play(extra, "--check")
+        assert (rc, changed) == (0, 0), out[-4000:]
+
+
+def write_poison(tmp_path: Path) -> Path:
+    path = tmp_path / "poison.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": f"x{i}", "prompt": f"POISON prompt {i}"}) + "\n" for i in range(2))
+    )
+    return path

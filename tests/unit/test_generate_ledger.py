@@ -1,0 +1,221 @@
+"""The exactly-once store: id index, and recovery from every state a kill or a power loss can leave."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from regen.jobs._common import JobError
+from regen.jobs._ledger import LEDGER_NAME, RECORD, IdIndex, ShardStore, id_digest, line_id
+
+
+def line(rid: str, text: str = "x") -> bytes:
+    return json.dumps({"id": rid, "conversations": [{"role": "user", "content": text}]}).encode()
+
+
+def write_records(directory: Path, ids, kind: int = 0, **kw) -> ShardStore:
+    store = ShardStore(directory, **kw)
+    store.open()
+    store.append([(kind, id_digest(i), line(i)) for i in ids])
+    store.close()
+    return store
+
+
+def reopen(directory: Path, **kw) -> ShardStore:
+    store = ShardStore(directory, **kw)
+    store.open()
+    return store
+
+
+def shard_ids(directory: Path, kind: str = "completions") -> list[str]:
+    out = []
+    for p in sorted(directory.glob(f"{kind}-*.jsonl")):
+        out += [json.loads(x)["id"] for x in p.read_bytes().splitlines()]
+    return out
+
+
+def test_line_id_fast_path_and_fallbacks():
+    assert line_id(b'{"id": "abc", "x": 1}') == "abc"
+    assert line_id(b'{"x": 1, "id": "late"}') == "late"
+    assert line_id(b'{"id": "q\\"uote"}') == 'q"uote'
+    assert line_id(b'{"id": 42}') == "42"
+    assert line_id(b'{"id": true}') is None
+    assert line_id(b'{"id": "torn') is None
+    assert line_id(b"[1]") is None
+
+
+def test_index_contains_many_with_bulk_and_recent_ids():
+    idx = IdIndex()
+    bulk = [id_digest(f"b{i}") for i in range(1000)]
+    from regen.jobs._ledger import _split_digests
+
+    hi, lo = _split_digests(bulk)
+    idx.load(hi, lo)
+    idx.add(id_digest("new"))
+    probe = [id_digest("b5"), id_digest("nope"), id_digest("new"), id_digest("b999")]
+    assert idx.contains_many(probe) == [True, False, True, True]
+    assert [d in idx for d in probe] == [True, False, True, True]
+    assert len(idx) == 1001
+
+
+def test_index_handles_equal_high_halves():
+    # two digests sharing their first 8 bytes (astronomically rare for real ids, but must stay exact)
+    a = bytes(8) + (1).to_bytes(8, "big")
+    b = bytes(8) + (2).to_bytes(8, "big")
+    c = bytes(8) + (3).to_bytes(8, "big")
+    idx = IdIndex()
+    hi = np.array([0, 0], dtype="<u8")
+    lo = np.array([1, 2], dtype="<u8")
+    idx.load(hi, lo)
+    assert idx.contains_many([a, b, c]) == [True, True, False]
+    assert (a in idx, c in idx) == (True, False)
+
+
+def test_index_compaction_keeps_every_id():
+    idx = IdIndex()
+    ids = [id_digest(str(i)) for i in range(3000)]
+    for d in ids[:1500]:
+        idx.add(d)
+    idx._compact()
+    for d in ids[1500:]:
+        idx.add(d)
+    assert all(idx.contains_many(ids))
+    assert not any(idx.contains_many([id_digest(f"x{i}") for i in range(100)]))
+
+
+def test_append_reopen_and_rotation(tmp_path):
+    write_records(tmp_path, [f"a{i}" for i in range(7)], shard_records=3)
+    assert len(list(tmp_path.glob("completions-*.jsonl"))) == 3
+    store = reopen(tmp_path, shard_records=3)
+    assert store.report.ledger_records == 7 and store.report.recovered_lines == 0
+    assert all(store.index.contains_many([id_digest(f"a{i}") for i in range(7)]))
+    # a new run appends to a new shard, never into an old one
+    store.append([(0, id_digest("b"), line("b"))])
+    store.close()
+    assert shard_ids(tmp_path) == [f"a{i}" for i in range(7)] + ["b"]
+    assert reopen(tmp_path).report.done_by_kind == {"completions": 8, "dropped": 0}
+
+
+def test_torn_last_line_is_cut_and_the_rest_kept(tmp_path):
+    write_records(tmp_path, ["a", "b"])
+    shard = next(tmp_path.glob("completions-*.jsonl"))
+    with open(shard, "ab") as fh:  # a kill in the middle of a write: half a line, no newline
+        fh.write(line("c")[:17])
+    store = reopen(tmp_path)
+    assert store.report.truncated_bytes == 17
+    assert shard_ids(tmp_path) == ["a", "b"]
+    assert store.index.contains_many([id_digest("c")]) == [False]
+    store.close()
+
+
+def test_lines_written_before_their_ledger_records_are_recovered(tmp_path):
+    write_records(tmp_path, ["a"])
+    shard = next(tmp_path.glob("completions-*.jsonl"))
+    with open(shard, "ab") as fh:  # killed after the shard write, before the ledger write
+        fh.write(line("b") + b"\n" + line("c") + b"\n")
+    store = reopen(tmp_path)
+    assert store.report.recovered_lines == 2
+    assert all(store.index.contains_many([id_digest(x) for x in "abc"]))
+    store.close()
+    # and the ledger now knows them: the next open has nothing to recover
+    again = reopen(tmp_path)
+    assert again.report.recovered_lines == 0 and again.report.ledger_records == 3
+    again.close()
+
+
+def test_garbage_line_after_good_ones_is_cut(tmp_path):
+    write_records(tmp_path, ["a"])
+    shard = next(tmp_path.glob("completions-*.jsonl"))
+    with open(shard, "ab") as fh:
+        fh.write(line("b") + b"\n" + b"\x00\x00\x00\x00\n" + line("c") + b"\n")
+    store = reopen(tmp_path)
+    # everything from the first bad line on is discarded; those records are simply generated again
+    assert shard_ids(tmp_path) == ["a", "b"]
+    assert store.index.contains_many([id_digest(x) for x in "abc"]) == [True, True, False]
+    store.close()
+
+
+def test_torn_ledger_record_and_deleted_ledger(tmp_path):
+    write_records(tmp_path, ["a", "b", "c"])
+    ledger = tmp_path / LEDGER_NAME
+    size = ledger.stat().st_size
+    with open(ledger, "r+b") as fh:
+        fh.truncate(size - 10)  # last record torn
+    store = reopen(tmp_path)
+    assert store.report.ledger_records == 2 and store.report.recovered_lines == 1
+    store.close()
+    assert ledger.stat().st_size == size
+    ledger.unlink()
+    rebuilt = reopen(tmp_path)
+    assert rebuilt.report.recovered_lines == 3
+    assert all(rebuilt.index.contains_many([id_digest(x) for x in "abc"]))
+    rebuilt.close()
+
+
+def test_ledger_ahead_of_the_data_is_cut_back(tmp_path):
+    # a power loss can persist ledger records whose shard bytes never reached the disk
+    write_records(tmp_path, ["a", "b", "c"])
+    shard = next(tmp_path.glob("completions-*.jsonl"))
+    first = shard.read_bytes().split(b"\n")[0] + b"\n"
+    shard.write_bytes(first)
+    store = reopen(tmp_path)
+    assert store.report.ledger_dropped == 2
+    assert store.index.contains_many([id_digest(x) for x in "abc"]) == [True, False, False]
+    store.close()
+    raw = np.fromfile(tmp_path / LEDGER_NAME, dtype=RECORD, offset=32)
+    assert len(raw) == 1
+
+
+def test_records_pointing_at_a_missing_shard_are_dropped(tmp_path):
+    write_records(tmp_path, ["a"])
+    write_records(tmp_path, ["b"])
+    shards = sorted(tmp_path.glob("completions-*.jsonl"))
+    shards[1].unlink()
+    store = reopen(tmp_path)
+    assert store.index.contains_many([id_digest("a"), id_digest("b")]) == [True, False]
+    store.close()
+
+
+def test_empty_shard_left_by_a_kill_is_removed(tmp_path):
+    write_records(tmp_path, ["a"])
+    (tmp_path / "completions-00007.jsonl").write_bytes(b"")
+    store = reopen(tmp_path)
+    assert store.report.removed_files == ["completions-00007.jsonl"]
+    store.close()
+
+
+def test_read_only_open_reports_without_touching_files(tmp_path):
+    write_records(tmp_path, ["a"])
+    shard = next(tmp_path.glob("completions-*.jsonl"))
+    with open(shard, "ab") as fh:
+        fh.write(line("b") + b"\n" + b'{"id": "c", "tor')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    store = ShardStore(tmp_path, read_only=True)
+    store.open()
+    assert store.index.contains_many([id_digest(x) for x in "abc"]) == [True, True, False]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    with pytest.raises(RuntimeError):
+        store.append([(0, id_digest("d"), line("d"))])
+
+
+def test_second_writer_is_refused(tmp_path):
+    first = reopen(tmp_path)
+    with pytest.raises(JobError, match=rf"another job \(pid {os.getpid()}\) is writing"):
+        reopen(tmp_path)
+    first.close()
+    reopen(tmp_path).close()  # released on close (and by the kernel when a process dies)
+
+
+def test_dropped_kind_is_a_separate_file_and_counts_as_done(tmp_path):
+    store = reopen(tmp_path)
+    store.append([(0, id_digest("a"), line("a")), (1, id_digest("t"), line("t"))])
+    store.close()
+    assert shard_ids(tmp_path) == ["a"] and shard_ids(tmp_path, "dropped") == ["t"]
+    again = reopen(tmp_path)
+    assert again.report.done_by_kind == {"completions": 1, "dropped": 1}
+    assert all(again.index.contains_many([id_digest("a"), id_digest("t")]))
+    again.close()
