@@ -1,0 +1,124 @@
+"""The tokenized_data role through real ansible-playbook runs on localhost: facts in, dataset and report out,
+a second run changes nothing, check mode writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RECAP = re.compile(
+    r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
+)
+
+
+def _records(n: int, start: int = 0) -> str:
+    return "".join(
+        json.dumps(
+            {
+                "id": f"p{i}",
+                "finish_reason": "stop",
+                "conversations": [
+                    {"role": "user", "content": f"Spell the number {i}."},
+                    {
+                        "role": "assistant",
+                        "content": f"The number {i} is spelled out in words.",
+                        "reasoning_content": "Easy.",
+                    },
+                ],
+            }
+        )
+        + "\n"
+        for i in range(start, start + n)
+    )
+
+
+def playbook(work: Path, model: Path, *extra: str) -> tuple[dict[str, int], str]:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts"),
+    }
+    result = subprocess.run(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            "inventory/local",
+            "playbooks/tokenize.yml",
+            "-e",
+            f"regen_work_dir={work}",
+            "-e",
+            f"regen_artifacts_dir={work}/artifacts",
+            "-e",
+            f"regen_model_path={model}",
+            "-e",
+            f"regen_job_python={sys.executable}",
+            "-e",
+            "tokenized_data_workers=1",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    ok, changed, unreachable, failed = (int(x) for x in RECAP.search(output).groups())
+    return {"ok": ok, "changed": changed, "failed": failed, "unreachable": unreachable}, output
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "completions").mkdir()
+    (tmp_path / "completions" / "completions-00000.jsonl").write_text(_records(30))
+    facts = {
+        "plan": {
+            "drafter": {"mask_token_id": {"value": 4000, "reason": "a reserved token"}},
+            "generation": {"chat_template_kwargs": {"value": {"thinking": True}, "reason": "Kimi"}},
+        }
+    }
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "model_facts.json").write_text(json.dumps(facts))
+    return tmp_path
+
+
+def test_role_tokenizes_once_and_then_changes_nothing(work, demo_model_dir):
+    first, _ = playbook(work, demo_model_dir)
+    assert first["changed"] > 0
+    stats = json.loads((work / "artifacts" / "tokenized" / "stats.json").read_text())
+    assert stats == json.loads((work / "tokenized" / "stats.json").read_text())
+    assert stats["samples"] == 30 and stats["mask_token"]["id"] == 4000  # from the facts
+    assert stats["config"]["chat_template_kwargs"] == {"thinking": True}
+    assert stats["config"]["reasoning"] == "last"
+    assert stats["reasoning"]["placed_after_generation_prompt"] == 30
+    assert (work / "artifacts" / "tokenized" / "length_histogram.png").read_bytes()[:4] == b"\x89PNG"
+
+    second, output = playbook(work, demo_model_dir)
+    assert second["changed"] == 0, output[-3000:]
+
+    # More completions: check mode says it would work and writes nothing.
+    with open(work / "completions" / "completions-00000.jsonl", "a") as fh:
+        fh.write(_records(5, start=30))
+    before = (work / "tokenized" / "stats.json").read_bytes()
+    checked, output = playbook(work, demo_model_dir, "--check")
+    assert checked["changed"] > 0 and "would tokenize 1 of 1 shard" in output
+    assert (work / "tokenized" / "stats.json").read_bytes() == before
+
+
+def test_check_mode_before_anything_exists_does_not_fail(tmp_path, demo_model_dir):
+    result, output = playbook(tmp_path, demo_model_dir, "--check")
+    assert result["failed"] == 0 and "once the earlier stages have run" in output
+    assert not (tmp_path / "tokenized").exists()
