@@ -26,11 +26,36 @@ RECAP = re.compile(
 )
 
 
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+
+
+def _playbook(path: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", "inventory/local", path],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture
+def stop_server_afterwards():
+    yield
+    result = _playbook("playbooks/teardown.yml")
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
 def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}",
-           "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
-    result = subprocess.run([str(BIN / "ansible-playbook"), "-i", "inventory/local", "regen.yml"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    result = _playbook("regen.yml")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     counters = ("ok", "changed", "unr", "failed")
@@ -39,8 +64,12 @@ def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
     return output, recap
 
 
-def test_pipeline_runs_and_second_run_changes_nothing() -> None:
-    _, first = _run_pipeline()
+def test_pipeline_runs_and_second_run_changes_nothing(stop_server_afterwards) -> None:
+    output, first = _run_pipeline()
     assert all(stats["failed"] == 0 and stats["unr"] == 0 for stats in first.values()), first
+    # The run ends with the summary table, one row per stage that produced something.
+    summary = output[output.index("regen summary") :]
+    for row in ("model", "plan", "serve", "generate", "tokenize"):
+        assert re.search(rf"^\s+{row}\s", summary, re.MULTILINE), (row, summary[:2000])
     output, second = _run_pipeline()
     assert all(stats["changed"] == 0 for stats in second.values()), (second, output[-6000:])

@@ -1,0 +1,168 @@
+"""A readable end-of-run summary built from the run's artifacts.
+
+Every stage leaves a JSON record in the artifacts directory on the controller (facts, serving launch,
+generation status, tokenize stats, training status). This module turns whichever of them exist into a
+short table, so `make regen` ends with what was produced rather than only Ansible's task counts.
+A missing or unreadable record is reported as such, never as a crash: the summary must not fail a run.
+
+    python -m regen.summary --artifacts artifacts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+
+
+def _value(entry: Any) -> Any:
+    """Plan entries are {value, reason}; accept bare values too."""
+    return entry.get("value") if isinstance(entry, dict) and "value" in entry else entry
+
+
+def _load(path: Path) -> Record | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def model_lines(facts: Record) -> list[tuple[str, str]]:
+    arch = facts.get("architecture") or {}
+    moe = arch.get("moe")
+    attention = (arch.get("attention") or {}).get("kind", "?")
+    shape = (
+        f"{arch.get('model_type')} / {arch.get('text_model_type')}: {arch.get('num_layers')} layers, "
+        f"hidden {arch.get('hidden_size')}, vocab {arch.get('vocab_size')}, {attention.upper()} attention"
+    )
+    if moe:
+        shape += (
+            f", MoE {moe.get('routed_experts')} experts top-{moe.get('experts_per_token')}"
+            f" (+{moe.get('shared_experts')} shared, {moe.get('dense_prefix_layers')} dense prefix)"
+        )
+    tokenizer = facts.get("tokenizer") or {}
+    load = tokenizer.get("load") or {}
+    how = f"loaded with {tokenizer.get('loaded_with')}"
+    if load.get("remedy"):
+        how += f" (library failed: {load['remedy']})"
+    plan = facts.get("plan") or {}
+    serving, drafter = plan.get("serving") or {}, plan.get("drafter") or {}
+    generation = plan.get("generation") or {}
+    return [
+        ("model", shape),
+        ("tokenizer", f"{how}; thinking switch {_value(generation.get('thinking_switch'))!r}"),
+        (
+            "plan",
+            f"serve tp={_value(serving.get('tp_size'))} ep={_value(serving.get('ep_size'))} on "
+            f"{_value(serving.get('device'))}; drafter layers {_value(drafter.get('target_layer_ids'))}, "
+            f"block {_value(drafter.get('block_size'))}, mask id {_value(drafter.get('mask_token_id'))}",
+        ),
+    ]
+
+
+def serving_lines(launches: list[tuple[str, Record]]) -> list[tuple[str, str]]:
+    return [
+        ("serve", f"{name}: {launch.get('endpoint')} ({launch.get('backend')}, {launch.get('mode')} mode)")
+        for name, launch in launches
+    ]
+
+
+def generation_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]]:
+    lines = []
+    for name, status in statuses:
+        p50 = status.get("latency_p50_s")
+        latency = f", p50 {p50:.2f} s" if isinstance(p50, int | float) else ""
+        lines.append(
+            (
+                "generate",
+                f"{name}: {status.get('done')} done, {status.get('failed')} failed, "
+                f"{status.get('truncated', 0)} hit max_tokens, tokens in/out "
+                f"{status.get('tokens_in')}/{status.get('tokens_out')}{latency}"
+                f" -> {status.get('output_dir')}",
+            )
+        )
+    return lines
+
+
+def tokenize_lines(stats: Record, histogram: Path | None) -> list[tuple[str, str]]:
+    fraction = stats.get("supervised_fraction")
+    share = f"{fraction:.1%} supervised" if isinstance(fraction, int | float) else "supervision unknown"
+    text = (
+        f"{stats.get('samples')} samples, {stats.get('tokens')} tokens, {share}, "
+        f"{stats.get('dropped_total', 0)} dropped, {stats.get('rejected_total', 0)} rejected"
+    )
+    if histogram is not None:
+        text += f"; histogram {histogram}"
+    return [("tokenize", text)]
+
+
+def training_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]]:
+    lines = []
+    for name, status in statuses:
+        parts = [f"{key} {status[key]}" for key in ("state", "mode", "step", "loss") if key in status]
+        lines.append(("train", f"{name}: " + (", ".join(parts) or "status recorded")))
+    return lines
+
+
+def _named(paths: list[Path]) -> list[tuple[str, Record]]:
+    found = []
+    for path in sorted(paths):
+        record = _load(path)
+        if record is not None:
+            name = path.parent.name if path.stem in ("launch", "status") else path.stem
+            found.append((name.removeprefix("status-"), record))
+    return found
+
+
+def collect(artifacts: Path) -> list[tuple[str, str]]:
+    """Summary rows (stage, text) for whatever the artifacts directory holds."""
+    rows: list[tuple[str, str]] = []
+    sections: list[tuple[str, Callable[[], list[tuple[str, str]]]]] = []
+    facts = _load(artifacts / "model_facts.json")
+    if facts is not None:
+        sections.append(("introspect", lambda: model_lines(facts)))
+    launches = _named(list(artifacts.glob("serving/*/launch.json")))
+    if launches:
+        sections.append(("serve", lambda: serving_lines(launches)))
+    statuses = _named(list(artifacts.glob("completions/status-*.json")))
+    if statuses:
+        sections.append(("generate", lambda: generation_lines(statuses)))
+    stats = _load(artifacts / "tokenized" / "stats.json")
+    if stats is not None:
+        picture = artifacts / "tokenized" / "length_histogram.png"
+        sections.append(("tokenize", lambda: tokenize_lines(stats, picture if picture.exists() else None)))
+    training = _named(list(artifacts.glob("training/**/status*.json")))
+    if training:
+        sections.append(("train", lambda: training_lines(training)))
+    for stage, build in sections:
+        try:
+            rows.extend(build())
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            rows.append((stage, f"record unreadable ({error.__class__.__name__}: {error})"))
+    return rows
+
+
+def render(rows: list[tuple[str, str]], artifacts: Path) -> str:
+    if not rows:
+        return f"regen: no stage has recorded anything in {artifacts} yet"
+    width = max(len(stage) for stage, _ in rows)
+    body = "\n".join(f"  {stage:<{width}}  {text}" for stage, text in rows)
+    return f"regen summary (artifacts in {artifacts})\n{body}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m regen.summary", description=__doc__.splitlines()[0])
+    parser.add_argument("--artifacts", type=Path, required=True, help="the run's artifacts directory")
+    args = parser.parse_args(argv)
+    print(render(collect(args.artifacts), args.artifacts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

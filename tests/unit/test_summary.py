@@ -1,0 +1,66 @@
+"""The end-of-run summary reads whatever artifacts exist and never fails a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from regen import summary
+
+
+def _write(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+FACTS = {
+    "architecture": {
+        "model_type": "kimi_k25",
+        "text_model_type": "kimi_k2",
+        "num_layers": 61,
+        "hidden_size": 7168,
+        "vocab_size": 163840,
+        "attention": {"kind": "mla"},
+        "moe": {"routed_experts": 384, "experts_per_token": 8, "shared_experts": 1, "dense_prefix_layers": 1},
+    },
+    "tokenizer": {"loaded_with": "raw_files", "load": {"remedy": "tiktoken is not installed in /v; add it"}},
+    "plan": {
+        "serving": {
+            "tp_size": {"value": 8, "reason": "fits"},
+            "ep_size": {"value": 8},
+            "device": {"value": "cuda"},
+        },
+        "drafter": {"target_layer_ids": {"value": [1, 15, 30, 44, 58]}, "block_size": {"value": 16}},
+        "generation": {"thinking_switch": {"value": "thinking"}},
+    },
+}
+
+
+def test_empty_artifacts_say_so(tmp_path: Path) -> None:
+    assert "no stage has recorded anything" in summary.render(summary.collect(tmp_path), tmp_path)
+
+
+def test_facts_become_model_tokenizer_and_plan_rows(tmp_path: Path) -> None:
+    _write(tmp_path / "model_facts.json", FACTS)
+    rows = dict(summary.collect(tmp_path))
+    assert "61 layers" in rows["model"] and "MoE 384 experts top-8 (+1 shared" in rows["model"]
+    assert "raw_files" in rows["tokenizer"] and "tiktoken is not installed" in rows["tokenizer"]
+    assert "tp=8 ep=8 on cuda" in rows["plan"] and "[1, 15, 30, 44, 58]" in rows["plan"]
+
+
+def test_stage_records_are_listed_per_host(tmp_path: Path) -> None:
+    _write(tmp_path / "completions" / "status-gpu1.json", {"done": 10, "failed": 2, "latency_p50_s": 1.5})
+    _write(tmp_path / "tokenized" / "stats.json", {"samples": 10, "tokens": 900, "supervised_fraction": 0.5})
+    rows = summary.collect(tmp_path)
+    text = summary.render(rows, tmp_path)
+    assert "gpu1: 10 done, 2 failed" in text and "p50 1.50 s" in text
+    assert "10 samples, 900 tokens, 50.0% supervised" in text
+
+
+def test_a_malformed_record_is_reported_not_raised(tmp_path: Path) -> None:
+    _write(tmp_path / "model_facts.json", {"architecture": ["not", "a", "dict"]})
+    (tmp_path / "tokenized").mkdir()
+    (tmp_path / "tokenized" / "stats.json").write_text("{truncated")
+    rows = summary.collect(tmp_path)
+    assert rows == [("introspect", rows[0][1])]
+    assert rows[0][1].startswith("record unreadable")
