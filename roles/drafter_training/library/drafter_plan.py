@@ -1,0 +1,456 @@
+#!/usr/bin/python
+"""Ansible module: plan a SpecForge DFlash drafter run from the model facts."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: drafter_plan
+short_description: Plan a SpecForge DFlash drafter from the model facts
+description:
+  - Derives the DFlash drafter's C(config.json) (hidden size, vocabulary, target layer count,
+    C(dflash_config.target_layer_ids), C(mask_token_id), C(block_size)) from the facts that the
+    introspect stage produced and the target's own C(config.json), as SpecForge 0.2.0 derives them.
+  - Sizes the hidden-state capture (bytes per token, bytes on disk, free space where the features go)
+    and chooses offline capture or online streaming.
+  - Works out the optimizer-step horizon, the trainer topology (node rank per host in inventory order),
+    the target's embedding and LM-head tensor names, and a run id that changes whenever the recipe does.
+  - Only reads; safe in check mode. Standard library only (logic in module_utils/regen_drafter.py).
+version_added: "0.1.0"
+author: regen maintainers
+options:
+  facts:
+    description: The model facts document (C(regen_model_facts)) with C(architecture), C(tokenizer), C(plan).
+    type: dict
+    required: true
+  model_path:
+    description: Target model directory on this host (its C(config.json) and safetensors index are read).
+    type: path
+    required: true
+  require_model:
+    description: Fail when the target directory cannot be read (off in check mode for a host not yet set up).
+    type: bool
+    default: true
+  num_draft_layers:
+    description: Draft layers; null takes the plan's value, else SpecForge's default.
+    type: int
+  block_size:
+    description: Tokens drafted per block; null takes the plan's value, else 16.
+    type: int
+  target_layer_ids:
+    description: Target layers feeding the drafter; null spreads them as SpecForge does.
+    type: list
+    elements: int
+  mask_token_id:
+    description: Mask token id; null takes the plan's or the tokenizer facts' candidate.
+    type: int
+  head_dim:
+    description: Draft attention head width; null derives it from the target.
+    type: int
+  num_key_value_heads:
+    description: Draft KV heads; null derives it from the target (at most 8).
+    type: int
+  hidden_states:
+    description: C(offline) capture to disk, C(online) streaming, or C(auto) (offline when it fits the disk).
+    type: str
+    choices: [auto, offline, online]
+    default: auto
+  hidden_states_dir:
+    description: Where offline features go; the free space of the disk holding it is measured.
+    type: path
+    required: true
+  max_fill:
+    description: Largest fraction of the free space offline features may take.
+    type: float
+    default: 0.85
+  samples:
+    description: Training samples (after SpecForge's filters).
+    type: int
+    default: 0
+  tokens:
+    description: Tokens in those samples.
+    type: int
+    default: 0
+  data_fingerprint:
+    description: Digest of those samples (regen.training.capture --count-only); features are kept per data.
+    type: str
+    default: ""
+  batch_size:
+    description: Per-rank batch size.
+    type: int
+    default: 1
+  accumulation_steps:
+    description: Gradient accumulation steps.
+    type: int
+    default: 1
+  epochs:
+    description: Epochs over the data.
+    type: int
+    default: 1
+  max_steps:
+    description: Stop after this many optimizer steps (null runs the epochs).
+    type: int
+  hosts:
+    description: The training hosts in inventory order (node ranks follow it).
+    type: list
+    elements: str
+    required: true
+  host:
+    description: This host's inventory name.
+    type: str
+    required: true
+  gpus_per_host:
+    description: Trainer processes per host (GPUs; 1 on a CPU host).
+    type: int
+    default: 1
+  master_port:
+    description: Rendezvous port of node rank 0.
+    type: int
+    default: 29500
+  recipe:
+    description:
+      - SpecForge C(training.*) settings (learning rate, schedule, intervals, ...); None values are left to
+        SpecForge's defaults. Part of the run id.
+    type: dict
+    default: {}
+  work_dir:
+    description: Host directory of the drafter stage; runs live in C(work_dir/runs/<run id>).
+    type: path
+    required: true
+  max_length:
+    description: Longest sample in tokens.
+    type: int
+    default: 2048
+  chat_template:
+    description: SpecForge chat template name (null picks the model family's).
+    type: str
+  embedding_key:
+    description: Target embedding tensor name (null finds it in the checkpoint).
+    type: str
+  lm_head_key:
+    description: Target LM-head tensor name (null finds it in the checkpoint).
+    type: str
+  master_addr:
+    description: Address of node rank 0 for multi-node runs.
+    type: str
+    default: 127.0.0.1
+  report_to:
+    description: SpecForge tracking backend.
+    type: str
+    default: none
+  dataloader_num_workers:
+    description: SpecForge feature-loader workers (null keeps SpecForge's default).
+    type: int
+  online:
+    description: Online mode settings (server_urls, mooncake, control_dir, consumer_state_dir).
+    type: dict
+    default: {}
+  extra_config:
+    description: Merged into the SpecForge run config section by section.
+    type: dict
+    default: {}
+  run_prefix:
+    description: Prefix of the run id.
+    type: str
+    default: dflash
+"""
+
+EXAMPLES = r"""
+- name: Plan the drafter
+  drafter_plan:
+    facts: "{{ regen_model_facts }}"
+    model_path: /root/models/Kimi-K2.6
+    hidden_states_dir: /root/regen/drafter/hidden_states
+    samples: 20000
+    tokens: 41000000
+    hosts: "{{ groups['regen_train'] }}"
+    host: "{{ inventory_hostname }}"
+    gpus_per_host: 8
+  register: _plan
+"""
+
+RETURN = r"""
+draft_config:
+  description: The drafter's config.json (SpecForge DFlashDraftModel, Qwen3 layers).
+  returned: success
+  type: dict
+reasons:
+  description: One line per derived value saying where it came from.
+  returned: success
+  type: dict
+hidden_states:
+  description: Capture mode, bytes per token, bytes on disk, free bytes, the arithmetic as a sentence.
+  returned: success
+  type: dict
+  sample: {mode: offline, bytes_per_token: 71680, arithmetic: "5 layers x 7168 hidden x 2 B ..."}
+total_steps:
+  description: Optimizer steps of the run (null when there is no data yet).
+  returned: success
+  type: int
+topology:
+  description: nnodes, node_rank, nproc_per_node, master_host, master_port.
+  returned: success
+  type: dict
+world_size:
+  description: Trainer processes over all hosts.
+  returned: success
+  type: int
+embedding_key:
+  description: The target's input-embedding tensor name.
+  returned: success
+  type: str
+  sample: language_model.model.embed_tokens.weight
+lm_head_key:
+  description: The target's LM-head tensor name.
+  returned: success
+  type: str
+chat_template:
+  description: SpecForge's chat template name for the model family.
+  returned: success
+  type: str
+run_id:
+  description: Identity of this recipe (prefix + digest of the draft config, data size and recipe).
+  returned: success
+  type: str
+sglang_args:
+  description: SGLang flags that add the trained drafter (its export directory).
+  returned: success
+  type: list
+paths:
+  description: run_dir, draft_config, run_config, output_dir, hidden_states, prompts, export, status, log.
+  returned: success
+  type: dict
+run_config:
+  description: The SpecForge run config (C(specforge train --config)) as a dict.
+  returned: success
+  type: dict
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_drafter import (
+    DrafterPlanError,
+    config_digest,
+    draft_config,
+    embedding_and_head_keys,
+    plan_hidden_states,
+    sglang_dflash_args,
+    specforge_chat_template,
+    specforge_run_config,
+    total_steps,
+    trainer_topology,
+    weight_keys,
+)
+
+
+def _free_bytes(path):
+    """Free bytes on the filesystem that holds `path` (its nearest existing parent)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return None
+        probe = parent
+    stat = os.statvfs(probe)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _read_target(module, model_path, require):
+    config_path = os.path.join(model_path, "config.json")
+    try:
+        with open(config_path, encoding="utf-8") as handle:
+            config = json.load(handle)
+        keys = weight_keys(model_path)
+    except (OSError, ValueError) as exc:
+        if require:
+            module.fail_json(
+                msg=f"cannot read the target model at {model_path}: {exc}; check drafter_training_model_path"
+            )
+        module.warn(f"target model {model_path} not readable here ({exc}): planning from the facts alone")
+        return None, []
+    return config, keys
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            facts=dict(type="dict", required=True),
+            model_path=dict(type="path", required=True),
+            require_model=dict(type="bool", default=True),
+            num_draft_layers=dict(type="int"),
+            block_size=dict(type="int"),
+            target_layer_ids=dict(type="list", elements="int"),
+            mask_token_id=dict(type="int"),
+            head_dim=dict(type="int"),
+            num_key_value_heads=dict(type="int"),
+            hidden_states=dict(type="str", default="auto", choices=["auto", "offline", "online"]),
+            hidden_states_dir=dict(type="path", required=True),
+            max_fill=dict(type="float", default=0.85),
+            samples=dict(type="int", default=0),
+            tokens=dict(type="int", default=0),
+            data_fingerprint=dict(type="str", default=""),
+            batch_size=dict(type="int", default=1),
+            accumulation_steps=dict(type="int", default=1),
+            epochs=dict(type="int", default=1),
+            max_steps=dict(type="int"),
+            hosts=dict(type="list", elements="str", required=True),
+            host=dict(type="str", required=True),
+            gpus_per_host=dict(type="int", default=1),
+            master_port=dict(type="int", default=29500),
+            recipe=dict(type="dict", default={}),
+            run_prefix=dict(type="str", default="dflash"),
+            work_dir=dict(type="path", required=True),
+            max_length=dict(type="int", default=2048),
+            chat_template=dict(type="str"),
+            embedding_key=dict(type="str", no_log=False),
+            lm_head_key=dict(type="str", no_log=False),
+            master_addr=dict(type="str", default="127.0.0.1"),
+            report_to=dict(type="str", default="none"),
+            dataloader_num_workers=dict(type="int"),
+            online=dict(type="dict", default={}),
+            extra_config=dict(type="dict", default={}),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    target, keys = _read_target(module, p["model_path"], p["require_model"])
+    try:
+        config, reasons, warnings = draft_config(
+            p["facts"],
+            target,
+            num_draft_layers=p["num_draft_layers"],
+            block_size=p["block_size"],
+            target_layer_ids=p["target_layer_ids"],
+            mask_token_id=p["mask_token_id"],
+            head_dim=p["head_dim"],
+            num_key_value_heads=p["num_key_value_heads"],
+        )
+        states = plan_hidden_states(
+            p["hidden_states"],
+            p["tokens"],
+            config["hidden_size"],
+            len(config["dflash_config"]["target_layer_ids"]),
+            _free_bytes(p["hidden_states_dir"]),
+            max_fill=p["max_fill"],
+        )
+        topology = trainer_topology(p["hosts"], p["host"], p["gpus_per_host"], p["master_port"])
+        world = topology["nnodes"] * topology["nproc_per_node"]
+        steps = None
+        if p["samples"]:
+            steps = total_steps(
+                p["samples"], p["batch_size"], world, p["accumulation_steps"], p["epochs"], p["max_steps"]
+            )
+    except DrafterPlanError as exc:
+        module.fail_json(msg=str(exc))
+    found_embedding, found_head = embedding_and_head_keys(keys)
+    embedding_key = p["embedding_key"] or found_embedding
+    lm_head_key = p["lm_head_key"] or found_head
+    if keys and not (embedding_key and lm_head_key):
+        module.fail_json(
+            msg="the target checkpoint at {} has no embed_tokens/lm_head tensors SpecForge could "
+            "load; set drafter_training_embedding_key and drafter_training_lm_head_key".format(
+                p["model_path"]
+            )
+        )
+    embedding_key = embedding_key or "model.embed_tokens.weight"
+    lm_head_key = lm_head_key or "lm_head.weight"
+    for warning in warnings + states["warnings"]:
+        module.warn(warning)
+    recipe = {k: v for k, v in p["recipe"].items() if v is not None}
+    ids = config["dflash_config"]["target_layer_ids"]
+    identity = {
+        "draft_config": config,
+        "data": p["data_fingerprint"],
+        "samples": p["samples"],
+        "tokens": p["tokens"],
+        "hidden_states": states["mode"],
+        "world_size": world,
+        "recipe": recipe,
+        "max_length": p["max_length"],
+        "extra": p["extra_config"],
+        "keys": [embedding_key, lm_head_key],
+    }
+    run_id = "{}-{}".format(p["run_prefix"], config_digest(identity)[:12])
+    capture_id = config_digest(
+        {
+            "model": os.path.abspath(p["model_path"]),
+            "layers": ids,
+            "dtype": "bfloat16",
+            "max_length": p["max_length"],
+            "data": p["data_fingerprint"],
+        }
+    )[:12]
+    run_dir = os.path.join(p["work_dir"], "runs", run_id)
+    paths = {
+        "run_dir": run_dir,
+        "draft_dir": os.path.join(run_dir, "draft"),
+        "draft_config": os.path.join(run_dir, "draft", "config.json"),
+        "run_config": os.path.join(run_dir, "run.yaml"),
+        "plan": os.path.join(run_dir, "plan.json"),
+        "output_dir": os.path.join(run_dir, "checkpoints"),
+        "hidden_states": os.path.join(p["hidden_states_dir"], "layers-" + capture_id),
+        "prompts": os.path.join(run_dir, "prompts.jsonl"),
+        "export": os.path.join(run_dir, "export"),
+        "status": os.path.join(run_dir, "status.json"),
+        "log": os.path.join(run_dir, "train.log"),
+        "cache": os.path.join(p["work_dir"], "cache"),
+    }
+    chat_template = p["chat_template"] or specforge_chat_template(p["facts"].get("architecture"))
+    online = dict(p["online"])
+    online.setdefault("control_dir", os.path.join(run_dir, "control"))
+    try:
+        run_config = specforge_run_config(
+            model_path=p["model_path"],
+            draft_config_path=paths["draft_config"],
+            embedding_key=embedding_key,
+            lm_head_key=lm_head_key,
+            mask_token_id=config["dflash_config"]["mask_token_id"],
+            mode=states["mode"],
+            run_id=run_id,
+            output_dir=paths["output_dir"],
+            cache_dir=paths["cache"],
+            topology=topology,
+            master_addr=p["master_addr"],
+            hidden_states_path=paths["hidden_states"],
+            prompts_path=paths["prompts"],
+            max_length=p["max_length"],
+            chat_template=chat_template,
+            training=dict(
+                recipe,
+                num_epochs=p["epochs"],
+                batch_size=p["batch_size"],
+                accumulation_steps=p["accumulation_steps"],
+                max_steps=p["max_steps"],
+            ),
+            report_to=p["report_to"],
+            dataloader_num_workers=p["dataloader_num_workers"],
+            online=online,
+            extra=p["extra_config"],
+        )
+    except DrafterPlanError as exc:
+        if not module.check_mode:
+            module.fail_json(msg=str(exc))
+        module.warn(str(exc))
+        run_config = {}
+    module.exit_json(
+        changed=False,
+        draft_config=config,
+        reasons=reasons,
+        hidden_states=states,
+        total_steps=steps,
+        topology=topology,
+        world_size=world,
+        embedding_key=embedding_key,
+        lm_head_key=lm_head_key,
+        chat_template=chat_template,
+        run_id=run_id,
+        paths=paths,
+        run_config=run_config,
+        sglang_args=sglang_dflash_args(paths["export"], config["block_size"]),
+    )
+
+
+if __name__ == "__main__":
+    main()

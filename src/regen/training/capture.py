@@ -1,0 +1,356 @@
+"""Offline capture of the target's hidden states in SpecForge's DFlash feature format.
+
+    python -m regen.training.capture --data TOKENIZED --model MODEL --layers 1,15,30,44,58 --output DIR
+        [--backend hf|sglang] [--max-length N] [--max-samples N] [--dtype bfloat16] [--count-only]
+
+Input: the tokenize stage's output, every `*.parquet` (columns `input_ids`, `loss_mask`) and every
+`*.jsonl` whose records carry `input_ids` and `loss_mask`, in sorted file order. Output: one file per
+sample, `DIR/data_<index>.ckpt`, holding what SpecForge 0.2.0's offline DFlash reader
+(`dflash_family_data.normalize_offline_sample`) loads: `input_ids` [seq] int64, `loss_mask` [seq] int64
+and `hidden_states` [seq, len(layers) * hidden] - the outputs of the listed target layers concatenated in
+that order, which is what `extract_context_feature` feeds the drafter (`hidden_states[layer + 1]`).
+
+Exactly once and resumable: a sample's file is written to a temporary name and renamed, so it exists
+completely or not at all; a re-run skips the samples whose file exists. `DIR/capture_manifest.json`
+records the model, the layers, the dtype, the length limit and a digest of the samples themselves, and
+a re-run against different ones is refused instead of mixing features. Samples SpecForge would reject
+(fewer than two consecutive supervised tokens after truncation) are counted and skipped. Prints one JSON
+summary line; exit 2 means bad input.
+
+Backends: `hf` runs the target through transformers (`output_hidden_states`): the CPU path, and fine
+for a target that fits one GPU. `sglang` uses SpecForge's own SGLang capture
+(`specforge.offline_capture.OfflineSGLangCapture`, `set_capture_layers(..., capture_method="dflash")`) for
+a model that needs tensor/expert parallelism: launch it under torchrun with one rank per GPU; rank 0
+writes the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "capture_manifest.json"
+
+
+class CaptureError(Exception):
+    """Bad input: the message says what and how to fix it."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading the tokenized dataset
+# --------------------------------------------------------------------------------------------------
+
+
+def _data_files(data: Path) -> list[Path]:
+    if data.is_file():
+        return [data]
+    if not data.is_dir():
+        raise CaptureError(
+            f"tokenized data {data} does not exist; run the tokenize stage first (--tags tokenize)"
+        )
+    # The tokenize stage writes data/<shard>.parquet next to conversations and rejects JSONL files: when
+    # there is Parquet, only Parquet holds samples; JSONL records with input_ids are the fallback format.
+    parquet = sorted(p for p in data.rglob("*.parquet") if p.is_file())
+    return parquet or sorted(p for p in data.rglob("*.jsonl") if p.is_file())
+
+
+def iter_samples(data: str | Path) -> Iterator[tuple[list[int], list[int]]]:
+    """(input_ids, loss_mask) of every tokenized sample, in a stable order."""
+    found = False
+    for path in _data_files(Path(data)):
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+            if not {"input_ids", "loss_mask"} <= set(table.column_names):
+                continue
+            found = True
+            ids_col, mask_col = table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()
+            yield from zip(ids_col, mask_col, strict=True)
+        else:
+            with path.open(encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise CaptureError(f"{path}:{number} is not JSON ({exc.msg})") from exc
+                    if not isinstance(record, dict) or "input_ids" not in record:
+                        break  # a conversations file, not tokenized records
+                    found = True
+                    yield record["input_ids"], record["loss_mask"]
+    if not found:
+        raise CaptureError(f"no tokenized samples (input_ids + loss_mask) under {data}")
+
+
+def has_consecutive_supervised(mask: list[int]) -> bool:
+    """SpecForge's DFlash reader needs two neighbouring supervised tokens (data/loss_mask.py)."""
+    return any(a and b for a, b in itertools.pairwise(mask))
+
+
+def select(
+    data: str | Path, max_length: int, max_samples: int | None
+) -> Iterator[tuple[int, list[int], list[int]]]:
+    """(index, input_ids, loss_mask) of the samples to capture; the index is stable across re-runs."""
+    kept = 0
+    for index, (ids, mask) in enumerate(iter_samples(data)):
+        if max_samples is not None and kept >= max_samples:
+            return
+        ids, mask = list(ids)[:max_length], list(mask)[:max_length]
+        if len(ids) != len(mask):
+            raise CaptureError(
+                f"sample {index}: input_ids and loss_mask differ in length ({len(ids)} vs {len(mask)})"
+            )
+        if not has_consecutive_supervised(mask):
+            yield index, [], []
+            continue
+        kept += 1
+        yield index, ids, mask
+
+
+class Fingerprint:
+    """Digest of the selected samples in order: the identity of a feature directory's contents."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def add(self, index: int, ids: list[int], mask: list[int]) -> None:
+        self._hash.update(array("q", [index, len(ids), *ids, *mask]).tobytes())
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()[:16]
+
+
+def count(data: str | Path, max_length: int, max_samples: int | None) -> dict[str, Any]:
+    samples = tokens = dropped = 0
+    fingerprint = Fingerprint()
+    for index, ids, mask in select(data, max_length, max_samples):
+        if ids:
+            samples += 1
+            tokens += len(ids)
+            fingerprint.add(index, ids, mask)
+        else:
+            dropped += 1
+    return {"samples": samples, "tokens": tokens, "dropped": dropped, "fingerprint": fingerprint.hexdigest()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Backends
+# --------------------------------------------------------------------------------------------------
+
+
+class HFBackend:
+    """transformers forward with output_hidden_states: hidden_states[layer + 1] is layer `layer`'s output."""
+
+    def __init__(
+        self, model: str, layers: list[int], dtype: str, device: str, trust_remote_code: bool
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.dtype = getattr(torch, dtype)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model, trust_remote_code=trust_remote_code, dtype=self.dtype)
+            .to(device)
+            .eval()
+        )
+        self.layers = layers
+        self.writer = True
+
+    def capture(self, ids: list[int]):
+        torch = self.torch
+        with torch.no_grad():
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self.device), output_hidden_states=True, use_cache=False
+            )
+        states = out.hidden_states
+        if max(self.layers) + 1 >= len(states):
+            raise CaptureError(f"layer {max(self.layers)} is past the model's {len(states) - 1} layers")
+        return torch.cat([states[layer + 1][0] for layer in self.layers], dim=-1).to(self.dtype).cpu()
+
+
+class SGLangBackend:
+    """SpecForge's offline SGLang capture (tensor/expert parallel); one process per GPU under torchrun."""
+
+    def __init__(
+        self,
+        model: str,
+        layers: list[int],
+        dtype: str,
+        trust_remote_code: bool,
+        server_kwargs: dict[str, Any],
+    ) -> None:
+        import torch
+        from specforge.distributed import init_distributed
+        from specforge.offline_capture import OfflineSGLangCapture
+
+        self.torch = torch
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        init_distributed(timeout=60, tp_size=world)
+        self.capturer = OfflineSGLangCapture.from_pretrained(
+            model, torch_dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, **server_kwargs
+        )
+        self.capturer.set_capture_layers(layers, capture_method="dflash")
+        self.dtype = getattr(torch, dtype)
+        self.writer = int(os.environ.get("RANK", "0")) == 0
+
+    def capture(self, ids: list[int]):
+        torch = self.torch
+        input_ids = torch.tensor([ids], dtype=torch.long, device="cuda")
+        batch = self.capturer.capture(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            loss_mask=torch.ones_like(input_ids),
+        )
+        return batch.hidden_states[0].to(self.dtype).cpu()
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------------
+
+
+def sample_path(output: Path, index: int) -> Path:
+    return output / f"data_{index:08d}.ckpt"
+
+
+def save_atomic(path: Path, payload: dict[str, Any]) -> int:
+    import torch
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def check_manifest(output: Path, manifest: dict[str, Any]) -> None:
+    path = output / MANIFEST
+    if path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        keys = ("model", "layers", "dtype", "max_length", "data")
+        if any(old.get(k) != manifest.get(k) for k in keys):
+            differ = {k: (old.get(k), manifest.get(k)) for k in keys if old.get(k) != manifest.get(k)}
+            raise CaptureError(
+                f"{output} holds features captured with other settings {differ}; remove the directory or "
+                "capture into a new one (drafter_training_hidden_states_dir)"
+            )
+    else:
+        output.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def capture(args: argparse.Namespace) -> dict[str, Any]:
+    layers = [int(x) for x in args.layers.split(",") if x.strip()]
+    if not layers:
+        raise CaptureError("--layers needs at least one target layer id")
+    output = Path(args.output)
+    manifest = {
+        "model": os.path.abspath(args.model),
+        "layers": layers,
+        "dtype": args.dtype,
+        "max_length": args.max_length,
+        "format": "specforge DFlash offline v1 (input_ids, loss_mask, hidden_states)",
+    }
+    todo = []
+    summary = {"samples": 0, "written": 0, "skipped": 0, "dropped": 0, "tokens": 0, "bytes": 0}
+    fingerprint = Fingerprint()
+    for index, ids, mask in select(args.data, args.max_length, args.max_samples):
+        if not ids:
+            summary["dropped"] += 1
+            continue
+        summary["samples"] += 1
+        summary["tokens"] += len(ids)
+        fingerprint.add(index, ids, mask)
+        if sample_path(output, index).exists():
+            summary["skipped"] += 1
+        else:
+            todo.append((index, ids, mask))
+    # Features belong to exactly this data: a directory captured from other samples is never reused.
+    manifest["data"] = summary["fingerprint"] = fingerprint.hexdigest()
+    if not todo:
+        if summary["samples"]:
+            check_manifest(output, manifest)
+        return summary
+    check_manifest(output, manifest)
+    import torch
+
+    if args.backend == "hf":
+        backend = HFBackend(args.model, layers, args.dtype, args.device, not args.no_trust_remote_code)
+    else:
+        server_kwargs = json.loads(args.sglang_args or "{}")
+        backend = SGLangBackend(args.model, layers, args.dtype, not args.no_trust_remote_code, server_kwargs)
+    started = time.monotonic()
+    for number, (index, ids, mask) in enumerate(todo, 1):
+        hidden = backend.capture(ids)
+        if backend.writer:
+            payload = {
+                "input_ids": torch.tensor(ids, dtype=torch.long),
+                "loss_mask": torch.tensor(mask, dtype=torch.long),
+                "hidden_states": hidden,
+            }
+            summary["bytes"] += save_atomic(sample_path(output, index), payload)
+            summary["written"] += 1
+        if args.progress and (number % args.progress == 0 or number == len(todo)):
+            rate = number / max(1e-9, time.monotonic() - started)
+            print(f"captured {number}/{len(todo)} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m regen.training.capture", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--data", required=True, help="tokenized dataset (dir of *.parquet / *.jsonl, or a file)"
+    )
+    parser.add_argument("--model", help="target model directory (not needed with --count-only)")
+    parser.add_argument("--layers", default="", help="comma-separated target layer ids, e.g. 1,15,30,44,58")
+    parser.add_argument("--output", help="directory of the feature files")
+    parser.add_argument("--backend", choices=("hf", "sglang"), default="hf")
+    parser.add_argument("--device", default="auto", help="hf backend: cpu, cuda or auto")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--max-samples", type=int, default=None)
+    parser.add_argument("--sglang-args", default=None, help='JSON of SGLang ServerArgs, e.g. {"ep_size": 8}')
+    parser.add_argument("--no-trust-remote-code", action="store_true")
+    parser.add_argument("--progress", type=int, default=0, help="print progress every N samples (stderr)")
+    parser.add_argument("--count-only", action="store_true", help="only count samples and tokens")
+    args = parser.parse_args(argv)
+    try:
+        if args.count_only:
+            result = count(args.data, args.max_length, args.max_samples)
+        else:
+            if not (args.model and args.output and args.layers):
+                parser.error("--model, --layers and --output are required unless --count-only")
+            result = capture(args)
+    except CaptureError as exc:
+        print(json.dumps({"failed": True, "msg": str(exc)}))
+        return 2
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

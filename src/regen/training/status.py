@@ -1,0 +1,172 @@
+"""Progress of a SpecForge run, read from its log: step, loss, acceptance proxy, ETA.
+
+SpecForge 0.2.0's trainer prints one line per logged optimizer step on rank 0:
+
+    step 3: {'acc': 0.41, 'loss': 2.53, 'grad_norm': 1.4, 'lr': 0.0006, 'perf/optimizer_step_time_s': 0.4}
+
+(a Python dict literal). `acc` is the drafter's per-token accuracy on the supervised block positions: the
+acceptance proxy. The status document is what the role reads and what `regen` shows; it is rewritten
+atomically, so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+STEP_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?step (?P<step>\d+): (?P<metrics>\{.*\})\s*$")
+# Lines that name why a run failed; the last one seen is reported.
+ERROR_LINE = re.compile(
+    r"^\s*(?:\[rank\d+\]:\s*)?(?P<error>(?:[A-Za-z_.]*Error|Exception|RuntimeError)(?::.*)?)$"
+)
+STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
+FINAL_STATES = ("succeeded", "failed", "stopped")
+
+
+def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """`(step, metrics)` for a SpecForge step line, None for any other line."""
+    match = STEP_LINE.match(line)
+    if not match:
+        return None
+    try:
+        metrics = ast.literal_eval(match["metrics"])
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(metrics, dict):
+        return None
+    clean = {
+        str(k): float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    return int(match["step"]), clean
+
+
+def new_status(total_steps: int | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "state": "starting",
+        "step": 0,
+        "total_steps": total_steps,
+        "loss": None,
+        "acc": None,
+        "lr": None,
+        "grad_norm": None,
+        "step_time_s": None,
+        "eta_s": None,
+        "started_at": time.time(),
+        "updated_at": time.time(),
+        "exit_code": None,
+        "error": None,
+        "log_lines": 0,
+        **extra,
+    }
+
+
+def apply_line(status: dict[str, Any], line: str, now: float | None = None) -> bool:
+    """Fold one log line into the status; True when the status changed in a way worth writing."""
+    status["log_lines"] = status.get("log_lines", 0) + 1
+    parsed = parse_step_line(line)
+    if parsed is None:
+        error = ERROR_LINE.match(line.rstrip())
+        if error:
+            status["error"] = error["error"][:500]
+            return True
+        return False
+    step, metrics = parsed
+    now = time.time() if now is None else now
+    status["state"] = "running"
+    status["step"] = step
+    status["loss"] = metrics.get("loss")
+    status["acc"] = metrics.get("acc")
+    status["lr"] = metrics.get("lr")
+    status["grad_norm"] = metrics.get("grad_norm")
+    step_time = metrics.get("perf/optimizer_step_time_s")
+    if step_time is not None:
+        status["step_time_s"] = step_time
+    status["eta_s"] = eta_seconds(status, now)
+    status["updated_at"] = now
+    return True
+
+
+def eta_seconds(status: dict[str, Any], now: float | None = None) -> float | None:
+    """Seconds left: remaining steps x the mean time per step so far (or SpecForge's last step time)."""
+    total, step = status.get("total_steps"), status.get("step") or 0
+    if not total or step <= 0:
+        return None
+    remaining = max(0, total - step)
+    started, now = status.get("first_step_at"), time.time() if now is None else now
+    if started is None:
+        status["first_step_at"] = now
+        status["first_step"] = step
+        per_step = status.get("step_time_s")
+    else:
+        done = step - status.get("first_step", 0)
+        per_step = (now - started) / done if done > 0 else status.get("step_time_s")
+    if per_step is None or math.isnan(per_step):
+        return None
+    return round(remaining * per_step, 1)
+
+
+def fold(lines: Iterable[str], status: dict[str, Any]) -> dict[str, Any]:
+    for line in lines:
+        apply_line(status, line)
+    return status
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
+
+
+def progress_line(status: dict[str, Any]) -> str:
+    """One line for Ansible's output: state, step/total, loss, acceptance proxy, ETA."""
+    total = status.get("total_steps")
+    parts = [status.get("state", "?"), f"step {status.get('step', 0)}/{total if total else '?'}"]
+    if status.get("loss") is not None:
+        parts.append(f"loss {status['loss']:.4f}")
+    if status.get("acc") is not None:
+        parts.append(f"acc {status['acc']:.3f}")
+    if status.get("state") in ("starting", "running"):
+        parts.append(f"eta {human_duration(status.get('eta_s'))}")
+    if status.get("exit_code") is not None:
+        parts.append(f"exit {status['exit_code']}")
+    if status.get("error") and status.get("state") in ("failed", "lost"):
+        parts.append(f"error: {status['error']}")
+    return " | ".join(parts)
+
+
+def write_status(path: str | Path, status: dict[str, Any]) -> None:
+    """Atomic replace: readers see the old or the new document, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    status["line"] = progress_line(status)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(status, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_status(path: str | Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        return None

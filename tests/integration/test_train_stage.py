@@ -1,0 +1,254 @@
+"""The train stage (playbooks/train.yml, role drafter_training) through real ansible-playbook runs.
+
+* Production settings in check mode: the CT200 example inventory with only the connection (and the
+  helper interpreter, which a not-yet-provisioned host lacks) pointed at this machine. Nothing connects
+  to the example's address; the play must plan Kimi K2.6's drafter, the SGLang EP8 capture and the
+  8-GPU launch, and show the commands it would run.
+* The embedded default end to end (marked e2e): the demo model, real SpecForge 0.2.0 DFlash training on
+  CPU, export, a second run that changes nothing, and a resume from the last checkpoint after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "module_utils"))
+
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unr>\d+)"
+    r"\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+def _play(*args: str, check: bool = True) -> tuple[str, dict]:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    if check:
+        assert result.returncode == 0, output[-8000:]
+    recap = {
+        m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unr", "failed")} for m in RECAP.finditer(output)
+    }
+    return output, recap
+
+
+def _facts(model_dir: Path | None, config: dict, mask_id: int, gpus: int) -> dict:
+    import regen_config
+    import regen_plan
+
+    arch = regen_config.normalize_config(config)
+    tokenizer = {"mask_token": {"id": mask_id, "reason": "test", "needs_new_token": False}}
+    gpu = {"count": gpus}
+    return {
+        "schema_version": 1,
+        "model_path": str(model_dir),
+        "architecture": arch,
+        "tokenizer": tokenizer,
+        "environment": {"gpu": gpu, "python": {}},
+        "plan": regen_plan.make_plan(arch, tokenizer, gpu),
+    }
+
+
+def test_production_launch_in_check_mode(tmp_path: Path) -> None:
+    config = json.loads((ROOT / "tests/fixtures/drafter/targets/kimi-k2.6/config.json").read_text())
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    (artifacts / "model_facts.json").write_text(
+        json.dumps(_facts(Path("/root/models/Kimi-K2.6"), config, 163838, 8))
+    )
+    output, recap = _play(
+        "-i",
+        "inventory/production.example",
+        "playbooks/train.yml",
+        "--check",
+        "--diff",
+        "-e",
+        "ansible_connection=local",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+        "-e",
+        f"regen_job_python={sys.executable}",
+        "-e",
+        f"regen_artifacts_dir={artifacts}",
+    )
+    assert set(recap) == {"ct200"} and recap["ct200"]["failed"] == recap["ct200"]["unr"] == 0
+    flat = re.sub(r"\s+", " ", output)
+    assert "target layers [1, 15, 30, 44, 58] of 61" in flat
+    assert "5 layers x 7168 hidden x 2 B (bfloat16) = 71680 B/token (70.0 KiB)" in flat
+    assert "on 8 trainer process(es), node rank 0 of 1" in flat
+    # The serving stage is stopped first: training and the SGLang capture need its GPUs.
+    assert "TASK [sglang_server : Stop the server]" in output
+    # Offline capture: SpecForge's SGLang capture across the 8 GPUs with EP8.
+    assert (
+        "/root/venv_specforge/bin/python -m torch.distributed.run --standalone --nproc_per_node 8 "
+        "-m regen.training.capture --backend sglang"
+    ) in flat
+    assert "--layers 1,15,30,44,58" in flat and '{"ep_size": 8, "mem_fraction_static": 0.8}' in flat
+    assert re.search(
+        r"-- /root/venv_specforge/bin/specforge train --config /root/regen/drafter/runs/dflash-\w+/"
+        r"run\.yaml --node-rank 0",
+        flat,
+    )
+    # The run config it would write: SpecForge's own topology keys, 8 trainer processes on one node.
+    assert "+  mode: local_colocated" in output and "+    nproc_per_node: 8" in output
+    assert "+  strategy: dflash" in output and "+  attention_backend: flex_attention" in output
+    assert "10.1.2.200" not in output
+
+
+def _tokenized(model_dir: Path, out: Path, count: int) -> None:
+    """Chat samples rendered with the demo model's own template; loss on the assistant reply."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
+    words = (ROOT / "src/regen/demo/corpus.txt").read_text().split()
+    rng = random.Random(0)
+    out.mkdir(parents=True)
+    with (out / "part-00000.jsonl").open("w") as handle:
+        for _ in range(count):
+            user = " ".join(rng.choices(words, k=10))
+            reply = " ".join(rng.choices(words, k=24))
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+            )
+            prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+            reply_ids = tokenizer.encode(reply + "<|im_end|>", add_special_tokens=False)
+            handle.write(
+                json.dumps(
+                    {
+                        "input_ids": prompt_ids + reply_ids,
+                        "loss_mask": [0] * len(prompt_ids) + [1] * len(reply_ids),
+                    }
+                )
+                + "\n"
+            )
+
+
+def _steps(log: Path) -> dict[int, float]:
+    from regen.training.status import parse_step_line
+
+    found = {}
+    for line in log.read_text().splitlines():
+        parsed = parse_step_line(line)
+        if parsed:
+            found[parsed[0]] = parsed[1]["loss"]
+    return found
+
+
+@pytest.mark.e2e
+def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
+    model = tmp_path / "work" / "models" / "demo"
+    subprocess.run(
+        [sys.executable, "-m", "regen.demo.build", "--output", str(model)], check=True, capture_output=True
+    )
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    config = json.loads((model / "config.json").read_text())
+    (artifacts / "model_facts.json").write_text(json.dumps(_facts(model, config, 3845, 0)))
+    _tokenized(model, tmp_path / "work" / "tokenized", 8)
+    args = [
+        "-i",
+        "inventory/local",
+        "playbooks/train.yml",
+        "-e",
+        f"regen_work_dir={tmp_path / 'work'}",
+        "-e",
+        f"regen_artifacts_dir={artifacts}",
+        "-e",
+        f"regen_model_path={model}",
+    ]
+
+    output, first = _play(*args)
+    assert first["localhost"]["failed"] == 0
+    (run_dir,) = (tmp_path / "work" / "drafter" / "runs").iterdir()
+    state = json.loads((run_dir / "status.json").read_text())
+    assert state["state"] == "succeeded" and state["step"] == state["total_steps"] == 8
+    losses = _steps(run_dir / "train.log")
+    assert sorted(losses) == list(range(1, 9))
+    assert all(0 < loss < 20 for loss in losses.values())  # a real cross-entropy over a 4096-token vocabulary
+    assert f"succeeded | step 8/8 | loss {losses[8]:.4f}" in output
+    # Exported where SGLang's DFLASH loads it, with the flags next to it.
+    exported = json.loads((run_dir / "export" / "config.json").read_text())
+    assert (
+        exported["architectures"] == ["DFlashDraftModel"]
+        and (run_dir / "export" / "model.safetensors").exists()
+    )
+    assert exported["dflash_config"]["target_layer_ids"] == [2]
+    assert (run_dir / "sglang_dflash.args").read_text().split() == [
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        str(run_dir / "export"),
+        "--speculative-num-draft-tokens",
+        "16",
+    ]
+    published = artifacts / "drafter" / "localhost"
+    assert {
+        "draft_config.json",
+        "run.yaml",
+        "plan.json",
+        "status.json",
+        "checkpoints.json",
+        "serve_with_drafter.sh",
+    } <= {p.name for p in published.iterdir()}
+    plan = json.loads((published / "plan.json").read_text())
+    assert plan["hidden_states"]["bytes_per_token"] == 1 * 64 * 2
+
+    _, second = _play(*args)
+    assert second["localhost"]["changed"] == 0, second
+
+    # A crash after the step-6 checkpoint: the last save never happened and the supervisor vanished.
+    checkpoints = run_dir / "checkpoints"
+    run_id = run_dir.name
+    shutil.rmtree(checkpoints / f"{run_id}-step8")
+    (checkpoints / f"{run_id}-latest").unlink()
+    (checkpoints / f"{run_id}-latest").symlink_to(f"{run_id}-step6")
+    state.update(state="running", supervisor_pid=2**22 + 1, mode="process", launched_at=0)
+    (run_dir / "status.json").write_text(json.dumps(state))
+    shutil.rmtree(run_dir / "export")
+    (run_dir / "train.log").rename(run_dir / "train.log.first")
+    _play(*args)
+    resumed = json.loads((run_dir / "status.json").read_text())
+    assert resumed["state"] == "succeeded" and resumed["resume_from"].endswith(f"{run_id}-step6")
+    again = _steps(run_dir / "train.log")
+    # Only the lost steps ran again, and they reproduced the original run exactly.
+    assert sorted(again) == [7, 8] and again == {7: losses[7], 8: losses[8]}
+    assert (run_dir / "export" / "model.safetensors").exists()
+
+
+def test_the_module_documents_itself() -> None:
+    result = subprocess.run(
+        [str(BIN / "ansible-doc"), "-M", "roles/drafter_training/library", "drafter_plan"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+    )
+    assert result.returncode == 0 and "hidden_states_dir" in result.stdout, result.stderr
