@@ -105,8 +105,12 @@ def tokenize_lines(stats: Record, histogram: Path | None) -> list[tuple[str, str
 def training_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]]:
     lines = []
     for name, status in statuses:
-        parts = [f"{key} {status[key]}" for key in ("state", "mode", "step", "loss") if key in status]
-        lines.append(("train", f"{name}: " + (", ".join(parts) or "status recorded")))
+        text = f"{name}: {status.get('state')}, step {status.get('step')}/{status.get('total_steps')}"
+        if isinstance(status.get("loss"), int | float):
+            text += f", loss {status['loss']:.4f}"
+        if status.get("error"):
+            text += f", error: {status['error']}"
+        lines.append(("train", text))
     return lines
 
 
@@ -137,7 +141,7 @@ def collect(artifacts: Path) -> list[tuple[str, str]]:
     if stats is not None:
         picture = artifacts / "tokenized" / "length_histogram.png"
         sections.append(("tokenize", lambda: tokenize_lines(stats, picture if picture.exists() else None)))
-    training = _named(list(artifacts.glob("training/**/status*.json")))
+    training = _named(list(artifacts.glob("drafter/*/status.json")))
     if training:
         sections.append(("train", lambda: training_lines(training)))
     for stage, build in sections:

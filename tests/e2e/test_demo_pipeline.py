@@ -69,7 +69,7 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_server_afterwards) ->
     assert all(stats["failed"] == 0 and stats["unr"] == 0 for stats in first.values()), first
     # The run ends with the summary table, one row per stage that produced something.
     summary = output[output.index("regen summary") :]
-    for row in ("model", "plan", "serve", "generate", "tokenize"):
+    for row in ("model", "plan", "serve", "generate", "tokenize", "train"):
         assert re.search(rf"^\s+{row}\s", summary, re.MULTILINE), (row, summary[:2000])
     output, second = _run_pipeline()
     assert all(stats["changed"] == 0 for stats in second.values()), (second, output[-6000:])

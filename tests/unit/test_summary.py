@@ -51,8 +51,13 @@ def test_facts_become_model_tokenizer_and_plan_rows(tmp_path: Path) -> None:
 def test_stage_records_are_listed_per_host(tmp_path: Path) -> None:
     _write(tmp_path / "completions" / "status-gpu1.json", {"done": 10, "failed": 2, "latency_p50_s": 1.5})
     _write(tmp_path / "tokenized" / "stats.json", {"samples": 10, "tokens": 900, "supervised_fraction": 0.5})
+    _write(
+        tmp_path / "drafter" / "gpu1" / "status.json",
+        {"state": "succeeded", "step": 8, "total_steps": 8, "loss": 7.5},
+    )
     rows = summary.collect(tmp_path)
     text = summary.render(rows, tmp_path)
+    assert "gpu1: succeeded, step 8/8, loss 7.5000" in text
     assert "gpu1: 10 done, 2 failed" in text and "p50 1.50 s" in text
     assert "10 samples, 900 tokens, 50.0% supervised" in text
 
