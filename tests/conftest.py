@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,3 +37,27 @@ def demo_model_dir() -> Path:
     output = ROOT / ".cache" / "demo-models" / inputs_digest(spec)[:16] / "regen-demo-kimi"
     build(output, spec)
     return output
+
+
+@pytest.fixture
+def stop_local_server_afterwards():
+    """Runs the teardown playbook on the embedded default after a test that ran the serve stage.
+
+    The pipeline leaves the model server running on purpose (a second run finds it healthy); a test must
+    not, or the next test that serves on the same port meets a stranger holding it.
+    """
+    yield
+    bin_dir = Path(sys.executable).parent
+    result = subprocess.run(
+        [str(bin_dir / "ansible-playbook"), "-i", "inventory/local", "playbooks/teardown.yml"],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]

@@ -47,13 +47,6 @@ def _playbook(path: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture
-def stop_server_afterwards():
-    yield
-    result = _playbook("playbooks/teardown.yml")
-    assert result.returncode == 0, result.stdout[-3000:]
-
-
 def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
     result = _playbook("regen.yml")
     output = result.stdout + result.stderr
@@ -64,7 +57,7 @@ def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
     return output, recap
 
 
-def test_pipeline_runs_and_second_run_changes_nothing(stop_server_afterwards) -> None:
+def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwards) -> None:
     output, first = _run_pipeline()
     assert all(stats["failed"] == 0 and stats["unr"] == 0 for stats in first.values()), first
     # The run ends with the summary table, one row per stage that produced something.

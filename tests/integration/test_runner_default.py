@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_the_embedded_default_runs_through_regen_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], stop_local_server_afterwards: None
 ) -> None:
     pdd = str(tmp_path / "runner")
     code = main(["run", "--plain", "--project", str(ROOT), "--private-data-dir", pdd])
