@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
+import contextlib
 import sys
 from pathlib import Path
 
@@ -14,7 +13,21 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.helpers.ansible import run_playbook
 from tests.helpers.venvs import make_venv_without
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Import torch's dynamo before any test imports Ansible's module code in this process.
+
+    ansible-core 2.19 replaces `sys.intern` with a patch object (so str subclasses are accepted) when its
+    module_utils load; torch._dynamo, imported later by transformers' generation code, registers a polyfill
+    for `sys.intern` and refuses anything but the builtin function. On hosts the two never share a process
+    (modules run in their own interpreter), but one pytest session runs both, and then the order of test
+    files decides whether model loading fails. Importing dynamo first makes the order irrelevant.
+    """
+    with contextlib.suppress(ImportError):  # torch is optional for parts of the suite
+        import torch._dynamo  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -47,17 +60,5 @@ def stop_local_server_afterwards():
     not, or the next test that serves on the same port meets a stranger holding it.
     """
     yield
-    bin_dir = Path(sys.executable).parent
-    result = subprocess.run(
-        [str(bin_dir / "ansible-playbook"), "-i", "inventory/local", "playbooks/teardown.yml"],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-            "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        },
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
+    run = run_playbook("playbooks/teardown.yml")
+    assert run.returncode == 0, run.stdout[-3000:]

@@ -5,42 +5,14 @@ The model path is redirected into a temporary directory with -e, so the checkout
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-RECAP = re.compile(
-    r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
-)
+from tests.helpers.ansible import run_playbook
 
 
 def _play(model: Path, *extra: str) -> tuple[int, int, str]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    result = subprocess.run(
-        [
-            str(BIN / "ansible-playbook"),
-            *("-i", "inventory/local", "playbooks/demo_model.yml"),
-            *("-e", f"demo_model_path={model}", *extra),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    recap = RECAP.search(output)
-    assert recap, output[-4000:]
-    return result.returncode, int(recap.group(2)), output
+    run = run_playbook("playbooks/demo_model.yml", "-e", f"demo_model_path={model}", *extra)
+    return run.returncode, run.counts("localhost")["changed"], run.output
 
 
 def test_role_is_check_mode_safe_and_idempotent(tmp_path: Path) -> None:

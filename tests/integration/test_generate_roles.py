@@ -8,50 +8,18 @@ data and artifacts go to a temporary directory. Real-model generation runs in th
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 from regen.testing.stub_openai_server import StubConfig, StubServer
-
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-RECAP = re.compile(
-    r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
-)
+from tests.helpers.ansible import run_playbook
 
 
 def play(extra_vars: dict, *args: str) -> tuple[int, int, str]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    result = subprocess.run(
-        [
-            str(BIN / "ansible-playbook"),
-            "-i",
-            "inventory/local",
-            "playbooks/prompts.yml",
-            "playbooks/generate.yml",
-            "-e",
-            json.dumps(extra_vars),
-            *args,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
+    run = run_playbook(
+        ("playbooks/prompts.yml", "playbooks/generate.yml"), *args, extra_vars=extra_vars, timeout=300
     )
-    output = result.stdout + result.stderr
-    recaps = RECAP.findall(output)  # one recap per playbook, each counting the whole run so far
-    assert recaps, output[-4000:]
-    return result.returncode, int(recaps[-1][1]), output
+    # one recap per playbook, each counting the whole run so far: counts() holds the last, the total
+    return run.returncode, run.counts("localhost")["changed"], run.output
 
 
 def test_prompts_and_generate_stages(tmp_path):

@@ -8,13 +8,14 @@ A temporary inventory names only localhost (connection local), so nothing here r
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.ansible import ansible_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -28,13 +29,7 @@ def _inventory(tmp_path: Path) -> Path:
 
 
 def _adhoc(inventory: Path, python: Path, module: str, args: dict) -> dict:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-    }
+    env = ansible_env(ANSIBLE_CALLBACK_RESULT_FORMAT="json")
     result = subprocess.run(
         [
             str(BIN / "ansible"),
@@ -80,7 +75,7 @@ def test_ansible_doc_renders_every_module() -> None:
             capture_output=True,
             text=True,
             check=False,
-            env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+            env=ansible_env(),
         )
         assert result.returncode == 0, result.stderr
         assert f"MODULE {module}" in result.stdout or module in result.stdout.splitlines()[0]

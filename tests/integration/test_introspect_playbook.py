@@ -7,17 +7,10 @@ Each run uses a temporary inventory that names only localhost (connection local)
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-RECAP = re.compile(r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+from tests.helpers.ansible import localhost_inventory, run_playbook
 
 
 def _inventory(tmp_path: Path, model: Path, python: Path, **extra: object) -> Path:
@@ -30,40 +23,13 @@ def _inventory(tmp_path: Path, model: Path, python: Path, **extra: object) -> Pa
         "model_facts_env_modules": ["tiktoken", "jinja2"],
         **extra,
     }
-    inventory = {
-        "all": {
-            "hosts": {
-                "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-            },
-            "children": {"regen_serve": {"hosts": {"localhost": None}}},
-            "vars": variables,
-        }
-    }
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump(inventory))
-    return path
+    return localhost_inventory(tmp_path / "inventory.yml", groups=("regen_serve",), variables=variables)
 
 
 def _play(inventory: Path, *args: str) -> tuple[str, tuple[int, int, int, int]]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-    }
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/introspect.yml", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    output = result.stdout + result.stderr
-    match = RECAP.search(output)
-    assert match, output[-4000:]
-    return output, tuple(int(v) for v in match.groups())
+    run = run_playbook("playbooks/introspect.yml", *args, inventory=inventory, timeout=600)
+    counts = run.counts("localhost")
+    return run.output, (counts["ok"], counts["changed"], counts["unreachable"], counts["failed"])
 
 
 def test_facts_written_and_second_run_changes_nothing(tmp_path: Path, demo_model_dir: Path) -> None:

@@ -19,41 +19,25 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.ansible import ansible_env, run_playbook
+
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-RECAP = re.compile(
-    r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unr>\d+)"
-    r"\s+failed=(?P<failed>\d+)",
-    re.MULTILINE,
-)
 PROD_ADDRESS = "10.1.2.200"
 
 
-def _playbook(*args: str, env: dict | None = None, check: bool = True) -> tuple[str, dict]:
-    run_env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
-        **(env or {}),
-    }
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), *args],
-        cwd=ROOT,
-        env=run_env,
-        capture_output=True,
-        text=True,
-        check=False,
+def _playbook(
+    playbook: str, *args: str, inventory: str = "inventory/local", env: dict | None = None, check: bool = True
+) -> tuple[str, dict]:
+    run = run_playbook(
+        playbook,
+        *args,
+        inventory=inventory,
+        env=ansible_env(ANSIBLE_CALLBACK_RESULT_FORMAT="json", **(env or {})),
         timeout=900,
     )
-    output = result.stdout + result.stderr
-    recap = {
-        m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unr", "failed")} for m in RECAP.finditer(output)
-    }
     if check:
-        assert result.returncode == 0, output[-5000:]
-    return output, recap
+        assert run.returncode == 0, run.output[-5000:]
+    return run.output, run.recap
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +58,6 @@ def site(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> dict
 
 def _local(site: dict, *extra: str, check: bool = True) -> tuple[str, dict]:
     return _playbook(
-        "-i",
-        "inventory/local",
         "playbooks/provision.yml",
         "-e",
         f"regen_work_dir={site['work']}",
@@ -308,8 +290,6 @@ def test_production_example_renders_serving_and_training_sets_in_check_mode(tmp_
     assert PROD_ADDRESS not in (inventory / "hosts.yml").read_text()
 
     output, recap = _playbook(
-        "-i",
-        str(inventory),
         "playbooks/provision.yml",
         "--check",
         "--diff",
@@ -319,9 +299,10 @@ def test_production_example_renders_serving_and_training_sets_in_check_mode(tmp_
         f"regen_artifacts_dir={tmp_path / 'artifacts'}",
         "-e",
         "ansible_connection=local",
+        inventory=str(inventory),
     )
     assert PROD_ADDRESS not in output
-    assert set(recap) == {"ct200"} and recap["ct200"]["failed"] == 0 and recap["ct200"]["unr"] == 0
+    assert set(recap) == {"ct200"} and recap["ct200"]["failed"] == 0 and recap["ct200"]["unreachable"] == 0
     serving = sum(1 for line in (ROOT / "envs" / "serving.lock").read_text().splitlines() if "==" in line)
     training = sum(1 for line in (ROOT / "envs" / "training.lock").read_text().splitlines() if "==" in line)
     assert f"create /root/venv_sglang with {serving} packages" in output
@@ -364,13 +345,12 @@ def test_production_example_without_check_mode_stops_at_the_gpu_gate(tmp_path: P
     )
     shutil.copytree(ROOT / "inventory" / "production.example" / "group_vars", inventory / "group_vars")
     output, recap = _playbook(
-        "-i",
-        str(inventory),
         "playbooks/provision.yml",
         "-e",
         f"regen_root={ROOT}",
         "-e",
         f"regen_artifacts_dir={tmp_path / 'artifacts'}",
+        inventory=str(inventory),
         check=False,
     )
     assert recap["ct200"]["failed"] == 1

@@ -21,11 +21,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.helpers.ansible import ansible_env, localhost_inventory, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-RECAP = re.compile(r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
 def _free_port() -> int:
@@ -46,37 +45,15 @@ def _inventory(tmp_path: Path, model: Path, port: int, **extra: object) -> Path:
         "sglang_server_port": port,
         **extra,
     }
-    inventory = {
-        "all": {
-            "hosts": {
-                "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-            },
-            "children": {"regen_serve": {"hosts": {"localhost": None}}},
-            "vars": variables,
-        }
-    }
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump(inventory))
-    return path
+    return localhost_inventory(tmp_path / "inventory.yml", groups=("regen_serve",), variables=variables)
 
 
 def _play(inventory: Path, playbook: str, *args: str) -> tuple[str, tuple[int, int, int, int]]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-        # Each test its own fact cache: the service-manager fact must come from this run.
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(inventory.parent / "facts"),
-    }
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), f"playbooks/{playbook}", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600,
-    )
-    output = result.stdout + result.stderr
-    match = RECAP.search(output)
-    assert match, output[-4000:]
-    return output, tuple(int(v) for v in match.groups())
+    # Each test its own fact cache: the service-manager fact must come from this run.
+    env = ansible_env(ANSIBLE_CACHE_PLUGIN_CONNECTION=str(inventory.parent / "facts"))
+    run = run_playbook(f"playbooks/{playbook}", *args, inventory=inventory, env=env, timeout=600)
+    counts = run.counts("localhost")
+    return run.output, (counts["ok"], counts["changed"], counts["unreachable"], counts["failed"])
 
 
 def _pid(state: Path) -> int:
@@ -103,8 +80,22 @@ def teardown_after(tmp_path: Path):
     yield
     state = tmp_path / "work" / "serving"
     for pid_file in state.glob("*.pid") if state.exists() else []:
-        subprocess.run([sys.executable, "-m", "regen.serving.supervisor", "stop", "--state-dir", str(state),
-                        "--name", pid_file.stem, "--timeout", "10"], check=False, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "regen.serving.supervisor",
+                "stop",
+                "--state-dir",
+                str(state),
+                "--name",
+                pid_file.stem,
+                "--timeout",
+                "10",
+            ],
+            check=False,
+            capture_output=True,
+        )
 
 
 @pytest.mark.e2e
@@ -133,8 +124,9 @@ def test_serve_answers_then_idempotent_then_teardown(
 
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
-        data=json.dumps({"model": model_id, "messages": [{"role": "user", "content": "hello"}],
-                         "max_tokens": 4}).encode(),
+        data=json.dumps(
+            {"model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+        ).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=120) as response:
@@ -167,8 +159,13 @@ def test_a_server_that_exits_during_load_fails_fast_with_the_cause(
 ) -> None:
     # Fault injection: a flag `transformers serve` does not know makes it exit at once.
     port = _free_port()
-    inventory = _inventory(tmp_path, demo_model_dir, port, sglang_server_extra_args=["--no-such-flag"],
-                           sglang_server_ready_budget_s=300)
+    inventory = _inventory(
+        tmp_path,
+        demo_model_dir,
+        port,
+        sglang_server_extra_args=["--no-such-flag"],
+        sglang_server_ready_budget_s=300,
+    )
     output, (_, _, _, failed) = _play(inventory, "serve.yml")
     assert failed == 1, output[-4000:]
     assert "regen-serve-main is not ready: it exited during load" in output
@@ -193,8 +190,14 @@ def test_a_port_held_by_another_process_is_refused(
 
 
 def test_plan_errors_stop_before_anything_starts(tmp_path: Path, demo_model_dir: Path) -> None:
-    inventory = _inventory(tmp_path, demo_model_dir, _free_port(), sglang_server_backend="sglang",
-                           sglang_server_gpu_count=4, sglang_server_tp_size=8)
+    inventory = _inventory(
+        tmp_path,
+        demo_model_dir,
+        _free_port(),
+        sglang_server_backend="sglang",
+        sglang_server_gpu_count=4,
+        sglang_server_tp_size=8,
+    )
     output, (_, _, _, failed) = _play(inventory, "serve.yml")
     assert failed == 1
     assert "the plan needs 8 GPUs per node" in output and "this host has 4 visible" in output
@@ -214,10 +217,16 @@ def test_systemd_unit_rendered_in_check_mode(tmp_path: Path, demo_model_dir: Pat
     template through real Ansible templating, with an API key that must not appear in it."""
     facts = ROOT / "tests" / "fixtures" / "serving" / "facts-kimi-k2.6.json"
     inventory = _inventory(
-        tmp_path, demo_model_dir, _free_port(), sglang_server_supervisor="systemd",
-        sglang_server_backend="sglang", sglang_server_gpu_count=8, sglang_server_api_key="s3cr3t-key",
+        tmp_path,
+        demo_model_dir,
+        _free_port(),
+        sglang_server_supervisor="systemd",
+        sglang_server_backend="sglang",
+        sglang_server_gpu_count=8,
+        sglang_server_api_key="s3cr3t-key",
         sglang_server_host="0.0.0.0",
-        sglang_server_facts_file=str(facts), sglang_server_unit_dir=str(tmp_path / "units"),
+        sglang_server_facts_file=str(facts),
+        sglang_server_unit_dir=str(tmp_path / "units"),
         sglang_server_environment={"TORCH_CUDA_ARCH_LIST": "12.0", "NCCL_P2P_LEVEL": "SYS"},
     )
     output, (_, _, _, failed) = _play(inventory, "serve.yml", "--check", "--diff")
@@ -231,8 +240,14 @@ def test_systemd_unit_rendered_in_check_mode(tmp_path: Path, demo_model_dir: Pat
     assert exec_start.endswith(f"--config {tmp_path}/work/serving/main.secret.yaml")
     assert f"EnvironmentFile={tmp_path}/work/serving/main.env" in unit
     assert 'Environment="TORCH_CUDA_ARCH_LIST=12.0"' in unit
-    for line in ("Restart=on-failure", "TimeoutStartSec=3600", "LimitMEMLOCK=infinity", "LimitNOFILE=1048576",
-                 "StandardOutput=journal", "KillMode=control-group"):
+    for line in (
+        "Restart=on-failure",
+        "TimeoutStartSec=3600",
+        "LimitMEMLOCK=infinity",
+        "LimitNOFILE=1048576",
+        "StandardOutput=journal",
+        "KillMode=control-group",
+    ):
         assert line in unit, text
     assert not (tmp_path / "units").exists() and not (tmp_path / "work" / "serving" / "main.env").exists()
 
@@ -252,8 +267,12 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
         pytest.fail(str(exc))
     port, router_port = _free_port(), _free_port()
     inventory = _inventory(
-        tmp_path, demo_model_dir, port, sglang_server_router_enabled=True,
-        sglang_server_router_python=str(router_python), sglang_server_router_port=router_port,
+        tmp_path,
+        demo_model_dir,
+        port,
+        sglang_server_router_enabled=True,
+        sglang_server_router_python=str(router_python),
+        sglang_server_router_port=router_port,
         sglang_server_router_policy="round_robin",
     )
     state = tmp_path / "work" / "serving"
@@ -263,8 +282,16 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
     assert re.search(r"router: ready after \d+s \(HTTP 200\)", output), output[-3000:]
     launch = json.loads((tmp_path / "artifacts" / "serving" / "localhost-router" / "launch.json").read_text())
     assert launch["argv"][1:] == [
-        "-m", "sglang_router.launch_router", "--worker-urls", f"http://127.0.0.1:{port}",
-        "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(router_port),
+        "-m",
+        "sglang_router.launch_router",
+        "--worker-urls",
+        f"http://127.0.0.1:{port}",
+        "--policy",
+        "round_robin",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(router_port),
     ]
     with urllib.request.urlopen(f"http://127.0.0.1:{router_port}/v1/models", timeout=30) as response:
         assert response.status == 200 and json.loads(response.read())["data"]

@@ -4,19 +4,12 @@ a second run changes nothing, check mode writes nothing."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-RECAP = re.compile(
-    r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
-)
+from tests.helpers.ansible import ansible_env, run_playbook
 
 
 def _records(n: int, start: int = 0) -> str:
@@ -41,43 +34,19 @@ def _records(n: int, start: int = 0) -> str:
 
 
 def playbook(work: Path, model: Path, *extra: str) -> tuple[dict[str, int], str]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(work / "facts"),
-    }
-    result = subprocess.run(
-        [
-            str(BIN / "ansible-playbook"),
-            "-i",
-            "inventory/local",
-            "playbooks/tokenize.yml",
-            "-e",
-            f"regen_work_dir={work}",
-            "-e",
-            f"regen_artifacts_dir={work}/artifacts",
-            "-e",
-            f"regen_model_path={model}",
-            "-e",
-            f"regen_job_python={sys.executable}",
-            "-e",
-            "tokenized_data_workers=1",
-            *extra,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
+    run = run_playbook(
+        "playbooks/tokenize.yml",
+        *("-e", f"regen_work_dir={work}"),
+        *("-e", f"regen_artifacts_dir={work}/artifacts"),
+        *("-e", f"regen_model_path={model}"),
+        *("-e", f"regen_job_python={sys.executable}"),
+        *("-e", "tokenized_data_workers=1"),
+        *extra,
+        env=ansible_env(ANSIBLE_CACHE_PLUGIN_CONNECTION=str(work / "facts")),
         timeout=600,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-5000:]
-    ok, changed, unreachable, failed = (int(x) for x in RECAP.search(output).groups())
-    return {"ok": ok, "changed": changed, "failed": failed, "unreachable": unreachable}, output
+    assert run.returncode == 0, run.output[-5000:]
+    return run.counts("localhost"), run.output
 
 
 @pytest.fixture

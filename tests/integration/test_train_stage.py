@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -21,41 +20,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.ansible import ansible_env, run_playbook
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "module_utils"))
 
-RECAP = re.compile(
-    r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unr>\d+)"
-    r"\s+failed=(?P<failed>\d+)",
-    re.MULTILINE,
-)
 
-
-def _play(*args: str, check: bool = True) -> tuple[str, dict]:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-    }
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    output = result.stdout + result.stderr
+def _play(
+    playbook: str, *args: str, inventory: str = "inventory/local", check: bool = True
+) -> tuple[str, dict]:
+    run = run_playbook(playbook, *args, inventory=inventory, timeout=900)
     if check:
-        assert result.returncode == 0, output[-8000:]
-    recap = {
-        m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unr", "failed")} for m in RECAP.finditer(output)
-    }
-    return output, recap
+        assert run.returncode == 0, run.output[-8000:]
+    return run.output, run.recap
 
 
 def _facts(model_dir: Path | None, config: dict, mask_id: int, gpus: int) -> dict:
@@ -83,8 +61,6 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
         json.dumps(_facts(Path("/root/models/Kimi-K2.6"), config, 163838, 8))
     )
     output, recap = _play(
-        "-i",
-        "inventory/production.example",
         "playbooks/train.yml",
         "--check",
         "--diff",
@@ -96,8 +72,9 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
         f"regen_job_python={sys.executable}",
         "-e",
         f"regen_artifacts_dir={artifacts}",
+        inventory="inventory/production.example",
     )
-    assert set(recap) == {"ct200"} and recap["ct200"]["failed"] == recap["ct200"]["unr"] == 0
+    assert set(recap) == {"ct200"} and recap["ct200"]["failed"] == recap["ct200"]["unreachable"] == 0
     flat = re.sub(r"\s+", " ", output)
     assert "target layers [1, 15, 30, 44, 58] of 61" in flat
     assert "5 layers x 7168 hidden x 2 B (bfloat16) = 71680 B/token (70.0 KiB)" in flat
@@ -172,9 +149,6 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
     (artifacts / "model_facts.json").write_text(json.dumps(_facts(model, config, 3845, 0)))
     _tokenized(model, tmp_path / "work" / "tokenized", 8)
     args = [
-        "-i",
-        "inventory/local",
-        "playbooks/train.yml",
         "-e",
         f"regen_work_dir={tmp_path / 'work'}",
         "-e",
@@ -183,7 +157,7 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
         f"regen_model_path={model}",
     ]
 
-    output, first = _play(*args)
+    output, first = _play("playbooks/train.yml", *args)
     assert first["localhost"]["failed"] == 0
     (run_dir,) = (tmp_path / "work" / "drafter" / "runs").iterdir()
     state = json.loads((run_dir / "status.json").read_text())
@@ -219,7 +193,7 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
     plan = json.loads((published / "plan.json").read_text())
     assert plan["hidden_states"]["bytes_per_token"] == 1 * 64 * 2
 
-    _, second = _play(*args)
+    _, second = _play("playbooks/train.yml", *args)
     assert second["localhost"]["changed"] == 0, second
 
     # A crash after the step-6 checkpoint: the last save never happened and the supervisor vanished.
@@ -232,7 +206,7 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
     (run_dir / "status.json").write_text(json.dumps(state))
     shutil.rmtree(run_dir / "export")
     (run_dir / "train.log").rename(run_dir / "train.log.first")
-    _play(*args)
+    _play("playbooks/train.yml", *args)
     resumed = json.loads((run_dir / "status.json").read_text())
     assert resumed["state"] == "succeeded" and resumed["resume_from"].endswith(f"{run_id}-step6")
     again = _steps(run_dir / "train.log")
@@ -249,6 +223,6 @@ def test_the_module_documents_itself() -> None:
         text=True,
         timeout=60,
         check=False,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        env=ansible_env(),
     )
     assert result.returncode == 0 and "hidden_states_dir" in result.stdout, result.stderr

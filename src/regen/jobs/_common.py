@@ -6,6 +6,7 @@ whose venv carries nothing else.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gzip
 import hashlib
@@ -198,6 +199,20 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     root.propagate = False
+
+
+def add_logging_arguments(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--log-level and --log-format, the same for every job; pass the values to `setup_logging`."""
+    group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    group.add_argument("--log-format", default="text", choices=("text", "json"))
+
+
+def add_status_arguments(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup, *, interval_help: str | None = None
+) -> None:
+    """--status-file and --status-interval for the jobs that keep a `StatusFile` (OUTPUT_DIR/status.json)."""
+    group.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
+    group.add_argument("--status-interval", type=float, default=2.0, help=interval_help)
 
 
 def kv(**fields: Any) -> dict[str, Any]:

@@ -48,6 +48,8 @@ from ._common import (
     JobError,
     Reservoir,
     StatusFile,
+    add_logging_arguments,
+    add_status_arguments,
     atomic_write_json,
     count_lines,
     fmt_seconds,
@@ -1184,8 +1186,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="normalized prompt JSONL file or the prompts job's directory (repeatable)",
     )
     io.add_argument("--output-dir", required=True, type=Path)
-    io.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
-    io.add_argument("--status-interval", type=float, default=2.0, help="seconds between status updates")
+    add_status_arguments(io, interval_help="seconds between status updates")
     io.add_argument("--shard-records", type=int, default=100_000, help="records per output shard")
     io.add_argument(
         "--no-fsync",
@@ -1273,8 +1274,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = o.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None)
     g.add_argument("--no-progress", dest="progress", action="store_false")
-    o.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    o.add_argument("--log-format", default="text", choices=("text", "json"))
+    add_logging_arguments(o)
     return p
 
 

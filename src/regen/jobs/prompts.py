@@ -44,6 +44,7 @@ from .. import __version__
 from ._common import (
     EXIT_OK,
     JobError,
+    add_logging_arguments,
     atomic_write_json,
     canonical_json,
     decode_json_line,
@@ -727,8 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-rows", type=int, default=100_000, help="rows per output shard")
     p.add_argument("--check", action="store_true", help="only report whether a build would change the output")
     p.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    p.add_argument("--log-format", default="text", choices=("text", "json"))
+    add_logging_arguments(p)
     return p
 
 

@@ -49,6 +49,8 @@ from regen.jobs._common import (
     EXIT_OK,
     JobError,
     StatusFile,
+    add_logging_arguments,
+    add_status_arguments,
     atomic_write_bytes,
     count_lines,
     decode_json_line,
@@ -767,8 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="fork" if sys.platform.startswith("linux") else "spawn",
         help="how --workers processes start (default: fork on Linux)",
     )
-    io.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
-    io.add_argument("--status-interval", type=float, default=2.0)
+    add_status_arguments(io)
     io.add_argument(
         "--dry-run",
         action="store_true",
@@ -783,8 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="progress bar (default: when stderr is a terminal)",
     )
     io.add_argument("--no-progress", dest="progress", action="store_false")
-    io.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    io.add_argument("--log-format", default="text", choices=("text", "json"))
+    add_logging_arguments(io)
 
     tpl = p.add_argument_group("template and masks")
     tpl.add_argument(
