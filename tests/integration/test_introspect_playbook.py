@@ -89,3 +89,18 @@ def test_serving_venv_without_tiktoken_fails_early_with_the_remedy(
     assert facts["tokenizer"]["loaded_with"] == "raw_files"
     assert facts["tokenizer"]["load"]["missing_modules"] == ["tiktoken"]
     assert facts["plan"]["drafter"]["mask_token_id"]["value"] is not None
+
+
+def test_check_mode_before_the_model_exists_ends_the_preview_and_says_why(tmp_path: Path) -> None:
+    missing = tmp_path / "models" / "not-built-yet"
+    inventory = _inventory(tmp_path, missing, Path(sys.executable))
+    output, (_, changed, _, failed) = _play(inventory, "--check")
+    assert (changed, failed) == (0, 0), output[-4000:]
+    flowing = " ".join(output.split())  # the YAML callback folds long messages at spaces
+    assert f"check mode: {missing} does not exist yet" in flowing
+    assert "Read the model architecture" not in output
+    assert not (tmp_path / "artifacts" / "model_facts.json").exists()
+    # Outside check mode the same inventory still fails, naming the directory.
+    output, (_, _, _, failed) = _play(inventory)
+    assert failed == 1
+    assert f"model directory {missing} does not exist" in " ".join(output.split())
