@@ -31,3 +31,14 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwar
         assert re.search(rf"^\s+{row}\s", summary, re.MULTILINE), (row, summary[:2000])
     output, second = _run_pipeline()
     assert all(stats["changed"] == 0 for stats in second.values()), (second, output[-6000:])
+
+
+def test_check_mode_on_a_fresh_host_previews_without_failing_or_writing(tmp_path) -> None:
+    work, artifacts = tmp_path / "work", tmp_path / "artifacts"
+    fresh = {"regen_work_dir": str(work), "regen_artifacts_dir": str(artifacts)}
+    run = run_playbook("regen.yml", "--check", extra_vars=fresh)
+    assert run.returncode == 0, run.output[-6000:]
+    flowing = " ".join(run.output.split())
+    assert "cannot be previewed on localhost" in flowing
+    assert "TASK [completions" not in run.output and "TASK [drafter_training" not in run.output
+    assert not work.exists() and not artifacts.exists()
