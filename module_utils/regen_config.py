@@ -25,6 +25,8 @@ KNOWN_MODEL_TYPES = frozenset(
         "kimi_k2",
         "kimi_k25",
         "deepseek_v3",
+        # DeepSeek-V3.2: the V3 schema plus a sparse-attention indexer (index_* keys).
+        "deepseek_v32",
         "deepseek_v2",
         "qwen3",
         "qwen3_moe",
@@ -37,6 +39,8 @@ KNOWN_MODEL_TYPES = frozenset(
         "llama",
         "mixtral",
         "glm4_moe",
+        # GLM-4.7-Flash: GLM MoE with DeepSeek-style MLA (q/kv_lora_rank) and n_routed/n_shared experts.
+        "glm4_moe_lite",
         "mistral",
         "qwen2",
         "qwen2_moe",
@@ -205,7 +209,7 @@ def _text_config(config, warnings):
     return None, config
 
 
-def _attention(r, hidden_size):
+def _attention(r, hidden_size, num_layers=None):
     heads = r.int("num_attention_heads", "n_heads", "n_head")
     kv_heads = r.int("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num") or heads
     head_dim = r.int("head_dim", "attention_head_dim")
@@ -238,6 +242,15 @@ def _attention(r, hidden_size):
     elif heads is not None:
         attention["kind"] = "gqa" if kv_heads is not None and kv_heads < heads else "mha"
     layer_types = r.raw("layer_types")
+    interval = r.int("full_attention_interval")
+    has_linear = r.raw("linear_num_value_heads") is not None or r.raw("linear_num_key_heads") is not None
+    if layer_types is None and interval and num_layers and has_linear:
+        # Qwen3-Next's published config.json has no layer_types, only full_attention_interval (4): every
+        # 4th layer is full attention, the rest gated DeltaNet. transformers derives the list the same way;
+        # without it all 48 layers would count as KV-cache layers (4x the real cache).
+        layer_types = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+        ]
     if isinstance(layer_types, list) and layer_types and all(isinstance(t, str) for t in layer_types):
         counts = {}
         for kind in layer_types:
@@ -487,7 +500,8 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
         "hidden_size": hidden_size,
         "intermediate_size": r.int("intermediate_size", "ffn_hidden_size"),
         "num_layers": num_layers,
-        "mtp_layers": r.int("num_nextn_predict_layers", positive=False) or 0,
+        # DeepSeek/GLM/Kimi name the MTP depth num_nextn_predict_layers; Qwen3.5 MoE mtp_num_hidden_layers.
+        "mtp_layers": r.int("num_nextn_predict_layers", "mtp_num_hidden_layers", positive=False) or 0,
         "vocab_size": vocab_size,
         "max_position_embeddings": r.int(
             "max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"
@@ -505,7 +519,7 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
         "generation_defaults": {},
         "warnings": warnings,
     }
-    arch["attention"] = _attention(r, hidden_size)
+    arch["attention"] = _attention(r, hidden_size, num_layers)
     if arch["attention"]["kind"] is None:
         warnings.append("config.json: num_attention_heads not found; attention kind unknown")
     arch["moe"] = _moe(r, num_layers)

@@ -145,6 +145,202 @@ def test_llama3_eos_list() -> None:
     assert arch["parameters"]["total"] == pytest.approx(8.03e9, rel=0.02)
 
 
+def test_kimi_k2_flat_config_fp8() -> None:
+    raw = _raw("kimi-k2-instruct")
+    arch = read_model_dir(str(FIXTURES / "kimi-k2-instruct"))
+    assert (arch["model_type"], arch["text_model_type"], arch["text_config_key"]) == (
+        "kimi_k2",
+        "kimi_k2",
+        None,
+    )
+    assert arch["architectures"] == raw["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert arch["vocab_size"] == raw["vocab_size"] == 163840
+    assert arch["max_position_embeddings"] == raw["max_position_embeddings"]
+    att = arch["attention"]
+    assert att["kind"] == "mla" and att["kv_lora_rank"] == raw["kv_lora_rank"]
+    assert att["head_dim"] == raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]
+    moe = arch["moe"]
+    assert moe["routed_experts"] == raw["n_routed_experts"] == 384
+    assert moe["shared_experts"] == raw["n_shared_experts"] == 1
+    assert moe["experts_per_token"] == raw["num_experts_per_tok"] == 8
+    assert moe["dense_prefix_layers"] == raw["first_k_dense_replace"] == 1
+    assert moe["moe_layers"] == raw["num_hidden_layers"] - raw["first_k_dense_replace"]
+    assert moe["routed_scaling_factor"] == raw["routed_scaling_factor"]
+    assert arch["mtp_layers"] == raw["num_nextn_predict_layers"] == 0
+    quant = arch["quantization"]
+    assert (quant["method"], quant["bits"], quant["format"]) == ("fp8", 8, "e4m3")
+    assert quant["weight_block_size"] == raw["quantization_config"]["weight_block_size"]
+    assert arch["special_token_ids"] == {
+        "bos": raw["bos_token_id"],
+        "eos": [raw["eos_token_id"]],
+        "pad": None,
+    }
+    layers, latent = raw["num_hidden_layers"], raw["kv_lora_rank"] + raw["qk_rope_head_dim"]
+    assert arch["kv_cache_bytes_per_token"] == layers * latent * 2
+    # The same public report counts 1,026,470,731,056 parameters in the 61 shards, 958.51 GiB on disk.
+    assert arch["parameters"]["total"] == pytest.approx(1_026_470_731_056, rel=0.005)
+    assert arch["weight_bytes"] == pytest.approx(958.51 * 2**30, rel=0.01)
+    assert arch["warnings"] == []
+
+
+def test_deepseek_v32_is_known_and_reads_like_v3() -> None:
+    raw = _raw("deepseek-v3.2")
+    arch = read_model_dir(str(FIXTURES / "deepseek-v3.2"))
+    assert (arch["model_type"], arch["text_model_type"]) == ("deepseek_v32", "deepseek_v32")
+    assert arch["warnings"] == []  # deepseek_v32 is a known family now
+    assert (
+        arch["attention"]["kind"] == "mla" and arch["attention"]["heads"] == raw["num_attention_heads"] == 128
+    )
+    moe = arch["moe"]
+    assert (moe["routed_experts"], moe["shared_experts"]) == (
+        raw["n_routed_experts"],
+        raw["n_shared_experts"],
+    )
+    assert (moe["n_group"], moe["topk_group"]) == (raw["n_group"], raw["topk_group"]) == (8, 4)
+    assert moe["dense_prefix_layers"] == raw["first_k_dense_replace"] == 3
+    assert arch["mtp_layers"] == raw["num_nextn_predict_layers"] == 1
+    assert arch["quantization"]["method"] == raw["quantization_config"]["quant_method"] == "fp8"
+    assert arch["max_position_embeddings"] == raw["max_position_embeddings"] == 163840
+    # 671B without the MTP layer; the report's 685,396,921,376 counts the MTP layer's tensors too.
+    assert arch["parameters"]["total"] == pytest.approx(671e9, rel=0.02)
+    assert arch["parameters"]["total"] < 685_396_921_376
+
+
+def test_qwen3_next_layer_types_from_full_attention_interval() -> None:
+    raw = _raw("qwen3-next-80b-a3b-instruct")
+    assert "layer_types" not in raw  # the published file only has full_attention_interval
+    arch = read_model_dir(str(FIXTURES / "qwen3-next-80b-a3b-instruct"))
+    assert (arch["model_type"], arch["text_model_type"]) == ("qwen3_next", "qwen3_next")
+    full = raw["num_hidden_layers"] // raw["full_attention_interval"]
+    assert arch["attention"]["layer_types"] == {
+        "linear_attention": raw["num_hidden_layers"] - full,
+        "full_attention": full,
+    }
+    assert arch["attention"]["linear"]["value_heads"] == raw["linear_num_value_heads"] == 32
+    assert arch["attention"]["kind"] == "gqa" and arch["attention"]["head_dim"] == raw["head_dim"]
+    # Only the 12 full-attention layers keep K and V (2 KV heads of 256, bf16).
+    assert arch["kv_cache_bytes_per_token"] == full * 2 * raw["num_key_value_heads"] * raw["head_dim"] * 2
+    moe = arch["moe"]
+    assert moe["routed_experts"] == raw["num_experts"] == 512
+    assert moe["experts_per_token"] == raw["num_experts_per_tok"] == 10
+    assert moe["shared_experts"] == 1
+    assert moe["shared_expert_intermediate_size"] == raw["shared_expert_intermediate_size"]
+    assert moe["expert_intermediate_size"] == raw["moe_intermediate_size"]
+    assert arch["special_token_ids"]["eos"] == [raw["eos_token_id"]]
+    # Qwen: 80B total, about 3B activated.
+    assert arch["parameters"]["total"] == pytest.approx(80e9, rel=0.02)
+    assert arch["parameters"]["active"] < 4e9
+    assert arch["warnings"] == []
+
+
+def test_qwen35_moe_wrapper() -> None:
+    raw = _raw("qwen3.5-35b-a3b")
+    text = raw["text_config"]
+    arch = read_model_dir(str(FIXTURES / "qwen3.5-35b-a3b"))
+    assert (arch["model_type"], arch["text_model_type"]) == ("qwen3_5_moe", "qwen3_5_moe_text")
+    assert arch["text_config_key"] == "text_config"
+    assert arch["hidden_size"] == text["hidden_size"] and arch["vocab_size"] == text["vocab_size"]
+    counts = arch["attention"]["layer_types"]
+    assert counts == {
+        "linear_attention": text["layer_types"].count("linear_attention"),
+        "full_attention": text["layer_types"].count("full_attention"),
+    }
+    moe = arch["moe"]
+    assert (moe["routed_experts"], moe["experts_per_token"]) == (
+        text["num_experts"],
+        text["num_experts_per_tok"],
+    )
+    assert moe["shared_experts"] == 1
+    assert moe["shared_expert_intermediate_size"] == text["shared_expert_intermediate_size"]
+    assert arch["mtp_layers"] == text["mtp_num_hidden_layers"] == 1
+    full = counts["full_attention"]
+    assert arch["kv_cache_bytes_per_token"] == full * 2 * text["num_key_value_heads"] * text["head_dim"] * 2
+    assert arch["special_token_ids"]["eos"] == [text["eos_token_id"]]
+    assert arch["parameters"]["total"] == pytest.approx(35e9, rel=0.03)
+
+
+def test_glm45_air_gqa_moe_with_shared_expert() -> None:
+    raw = _raw("glm-4.5-air")
+    arch = read_model_dir(str(FIXTURES / "glm-4.5-air"))
+    assert (arch["model_type"], arch["text_model_type"]) == ("glm4_moe", "glm4_moe")
+    att = arch["attention"]
+    assert (att["kind"], att["heads"], att["kv_heads"]) == ("gqa", raw["num_attention_heads"], 8)
+    assert att["head_dim"] == raw["head_dim"] == 128
+    moe = arch["moe"]
+    assert moe["routed_experts"] == raw["n_routed_experts"] == 128
+    assert moe["shared_experts"] == raw["n_shared_experts"] == 1
+    assert moe["experts_per_token"] == raw["num_experts_per_tok"] == 8
+    assert moe["expert_intermediate_size"] == raw["moe_intermediate_size"]
+    assert moe["shared_expert_intermediate_size"] == raw["moe_intermediate_size"]
+    assert moe["dense_prefix_layers"] == raw["first_k_dense_replace"]
+    assert moe["moe_layers"] == raw["num_hidden_layers"] - raw["first_k_dense_replace"] == 45
+    assert arch["mtp_layers"] == raw["num_nextn_predict_layers"] == 1
+    assert arch["special_token_ids"] == {"bos": None, "eos": raw["eos_token_id"], "pad": raw["pad_token_id"]}
+    # Z.ai: 106B total, 12B active (embeddings and head aside).
+    assert arch["parameters"]["total"] == pytest.approx(106e9, rel=0.02)
+    embed_and_head = 2 * raw["vocab_size"] * raw["hidden_size"]
+    assert arch["parameters"]["active"] - embed_and_head == pytest.approx(12e9, rel=0.03)
+    assert arch["warnings"] == []
+
+
+def test_glm47_flash_mla_moe_lite() -> None:
+    raw = _raw("glm-4.7-flash")
+    arch = read_model_dir(str(FIXTURES / "glm-4.7-flash"))
+    assert (arch["model_type"], arch["text_model_type"]) == ("glm4_moe_lite", "glm4_moe_lite")
+    assert arch["warnings"] == []
+    att = arch["attention"]
+    assert att["kind"] == "mla" and (att["kv_lora_rank"], att["q_lora_rank"]) == (512, 768)
+    assert att["head_dim"] == raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"] == 256
+    moe = arch["moe"]
+    assert (moe["routed_experts"], moe["shared_experts"]) == (
+        raw["n_routed_experts"],
+        raw["n_shared_experts"],
+    )
+    assert moe["experts_per_token"] == raw["num_experts_per_tok"] == 4
+    assert moe["dense_prefix_layers"] == raw["first_k_dense_replace"] == 1
+    assert arch["mtp_layers"] == raw["num_nextn_predict_layers"] == 1
+    assert arch["dtype"] == raw["dtype"] == "bfloat16"
+    assert arch["special_token_ids"]["eos"] == raw["eos_token_id"]
+    assert arch["special_token_ids"]["pad"] == raw["pad_token_id"]
+    layers, latent = raw["num_hidden_layers"], raw["kv_lora_rank"] + raw["qk_rope_head_dim"]
+    assert arch["kv_cache_bytes_per_token"] == layers * latent * 2
+    # 30B-A3B; the report's 31,221,488,576 also counts the MTP layer (its own embedding and head).
+    assert arch["parameters"]["total"] == pytest.approx(30e9, rel=0.03)
+    assert arch["parameters"]["total"] < 31_221_488_576
+
+
+def test_mixtral_num_local_experts_full_width() -> None:
+    raw = _raw("mixtral-8x7b-v0.1")
+    arch = read_model_dir(str(FIXTURES / "mixtral-8x7b-v0.1"))
+    assert (arch["model_type"], arch["text_model_type"]) == ("mixtral", "mixtral")
+    att = arch["attention"]
+    assert (att["kind"], att["kv_heads"], att["head_dim"]) == ("gqa", raw["num_key_value_heads"], 128)
+    assert att["sliding_window"] is None and raw["sliding_window"] is None
+    moe = arch["moe"]
+    assert moe["routed_experts"] == raw["num_local_experts"] == 8
+    assert moe["experts_per_token"] == raw["num_experts_per_tok"] == 2
+    assert moe["shared_experts"] == 0 and moe["shared_expert_intermediate_size"] is None
+    assert moe["expert_intermediate_size"] == raw["intermediate_size"]  # experts are full-width MLPs
+    assert moe["moe_layers"] == raw["num_hidden_layers"]
+    assert arch["special_token_ids"] == {
+        "bos": raw["bos_token_id"],
+        "eos": [raw["eos_token_id"]],
+        "pad": None,
+    }
+    # Mistral AI: 46.7B total, 12.9B active per token.
+    assert arch["parameters"]["total"] == pytest.approx(46.7e9, rel=0.01)
+    assert arch["parameters"]["active"] == pytest.approx(12.9e9, rel=0.01)
+    assert arch["warnings"] == []
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file()))
+def test_every_real_config_reads_without_warnings(name: str) -> None:
+    arch = read_model_dir(str(FIXTURES / name))
+    assert arch["warnings"] == []
+    assert arch["attention"]["kind"] in ("mla", "gqa", "mha")
+    assert arch["parameters"]["total"] and arch["kv_cache_bytes_per_token"]
+
+
 # --- weights from safetensors metadata --------------------------------------------------------------
 
 
