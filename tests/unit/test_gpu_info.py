@@ -42,6 +42,32 @@ def test_b200_table_with_kmd_umd_header() -> None:
     assert len(gpus) == 2 and (driver, cuda) == ("610.43.02", "13.3")
 
 
+def test_rtx_pro_6000_maxq_two_gpu_table() -> None:
+    gpus, driver, cuda = parse_table(_read("rtx-pro-6000-maxq-2gpu-table.txt"))
+    assert (driver, cuda) == ("595.71.05", "13.2")
+    assert [g["index"] for g in gpus] == [0, 1]
+    assert [g["pci_bus_id"] for g in gpus] == ["00000000:11:00.0", "00000000:F1:00.0"]
+    assert all(g["memory_total_mib"] == 97887 for g in gpus)
+    # The table truncates the name; "RTX PRO 6000 Blac..." is still enough to know sm_120.
+    assert {g["name"] for g in gpus} == {"NVIDIA RTX PRO 6000 Blac..."}
+    assert {(g["compute_capability"], g["architecture"]) for g in gpus} == {("12.0", "blackwell")}
+    facts = summarize(gpus)
+    assert facts["count"] == 2 and facts["memory_total_bytes"] == 2 * 97887 * 1024 * 1024
+
+
+def test_rtx_pro_6000_maxq_query_csvs() -> None:
+    gpus = parse_query_csv(_read("rtx-pro-6000-maxq-query.csv"))
+    assert [(g["name"], g["compute_capability"]) for g in gpus] == [
+        ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "12.0")
+    ] * 2
+    assert {g["compute_capability_source"] for g in gpus} == {"nvidia-smi"}
+    ids = parse_query_csv(_read("rtx-pro-6000-maxq-index-uuid.csv"))
+    assert [(g["index"], g["uuid"]) for g in ids] == [
+        (0, "GPU-23b4975b-2171-ea56-f5f7-f78bf0cd300a"),
+        (1, "GPU-d0b27d44-e215-eeda-b053-6a2342e854c5"),
+    ]
+
+
 def test_rtx_pro_6000_query_details_without_cuda() -> None:
     gpus, driver, cuda, attached = parse_query_details(_read("rtx-pro-6000-server-q-memory.txt"))
     assert (driver, cuda, attached) == ("580.105.06", None, 4)
