@@ -17,6 +17,9 @@ fi
 # uv ships its own CA roots; a host with a site CA bundle (a TLS-inspecting proxy) needs it named.
 [ -f /etc/ssl/certs/ca-certificates.crt ] && export SSL_CERT_FILE=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 
+# torch's CPU builds (`torch==X+cpu`) are not on PyPI; uv looks where pip's find-links point.
+if [ -n "${PIP_FIND_LINKS:-}" ] && [ -z "${UV_FIND_LINKS:-}" ]; then export UV_FIND_LINKS=$PIP_FIND_LINKS; fi
+
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   names=()

@@ -1,12 +1,14 @@
 """The README's first command, end to end: the whole pipeline on the embedded default, twice.
 
 The first run builds the demo model and runs every stage on localhost; the second must find all of it
-done and report changed=0 on every host.
+done and report changed=0 on every host. A third run after the server was stopped (what the train stage
+does on a GPU host to free the GPUs) must leave it stopped, since nothing is left to generate.
 """
 
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 
@@ -31,6 +33,18 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwar
         assert re.search(rf"^\s+{row}\s", summary, re.MULTILINE), (row, summary[:2000])
     output, second = _run_pipeline()
     assert all(stats["changed"] == 0 for stats in second.values()), (second, output[-6000:])
+
+    stop = run_playbook("playbooks/teardown.yml")
+    assert stop.returncode == 0 and not _listening(30000), stop.output[-3000:]
+    output, third = _run_pipeline()
+    assert all(stats["changed"] == 0 for stats in third.values()), (third, output[-6000:])
+    assert "regen-serve-main is not running and nothing downstream needs it" in " ".join(output.split())
+    assert not _listening(30000)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_check_mode_on_a_fresh_host_previews_without_failing_or_writing(tmp_path) -> None:

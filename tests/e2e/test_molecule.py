@@ -1,5 +1,9 @@
-"""`molecule test -s default`: the provisioning playbook against a real LXC container (systemd Debian)
-standing in for CT200, with converge, idempotence and testinfra verification; see molecule/default/README.md.
+"""`molecule test` of each scenario against a real LXC container (systemd Debian) standing in for CT200,
+with converge, idempotence and testinfra verification:
+
+- `default`: the provisioning playbook (molecule/default/README.md);
+- `serve`: provision, introspect, prompts, serve and generate, the model server running as a systemd unit,
+  then teardown and the serve stage's "leave a stopped server stopped" path (molecule/serve/README.md).
 
 The scenario installs what it needs itself (lxc, debootstrap, the lxcbr0 bridge) through
 scripts/lxc-test-host.sh; LXC system containers need root, so this test says so instead of skipping.
@@ -7,6 +11,7 @@ scripts/lxc-test-host.sh; LXC system containers need root, so this test says so 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -22,8 +27,13 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.e2e
 
 
+# scenario -> its platform (molecule/<scenario>/molecule.yml); the container is <platform>-<checkout hash>.
+SCENARIOS = {"default": "ct200-standin", "serve": "ct200-serve"}
+
+
 @pytest.mark.timeout(1500)
-def test_molecule_default_scenario_on_lxc() -> None:
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_molecule_scenario_on_lxc(scenario: str) -> None:
     assert os.geteuid() == 0, "LXC system containers need root: run the e2e tests as root (CI does)"
     env = {
         **os.environ,
@@ -36,7 +46,7 @@ def test_molecule_default_scenario_on_lxc() -> None:
     env.pop("ANSIBLE_CONFIG", None)  # molecule writes its own ansible.cfg for the scenario
     started = time.monotonic()
     result = subprocess.run(
-        [str(BIN / "molecule"), "test", "-s", "default"],
+        [str(BIN / "molecule"), "test", "-s", scenario],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -51,7 +61,8 @@ def test_molecule_default_scenario_on_lxc() -> None:
         assert re.search(rf"{step}: Executed: Successful", output), step
     assert re.search(r"idempotence: Executed: Successful", output)
     assert "passed" in output and "failed" not in re.findall(r"\d+ (passed|failed) in", output)
-    print(f"molecule test -s default: {elapsed:.0f}s")
-    # Nothing left behind: the scenario destroys its container.
+    print(f"molecule test -s {scenario}: {elapsed:.0f}s")
+    # Nothing left behind: the scenario destroys its container (named as create.yml names it).
+    container = f"{SCENARIOS[scenario]}-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:6]}"
     listing = subprocess.run(["lxc-ls", "-1"], capture_output=True, text=True, check=False).stdout
-    assert "ct200-standin" not in listing, listing
+    assert container not in listing.split(), listing
