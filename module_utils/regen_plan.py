@@ -17,11 +17,16 @@ DEFAULTS = {
     "block_size": 16,
 }
 
-# SGLang parser names per model family: (reasoning parser, tool-call parser).
+# SGLang parser names per model family: (reasoning parser, tool-call parser). Names are SGLang 0.5.23's
+# (parser/reasoning_parser_names.py, function_call/parser_names.py); tests/unit/test_serving_argv.py
+# checks every one against that release's argument parser. A reasoning parser is only planned when the
+# tokenizer can think (think tokens or a thinking switch), so DeepSeek-V3 without R1's tokens gets none.
 SGLANG_PARSERS = {
     "kimi_k2": ("kimi_k2", "kimi_k2"),
     "kimi_k25": ("kimi_k2", "kimi_k2"),
     "deepseek_v3": ("deepseek-r1", "deepseekv3"),
+    # DeepSeek-V3.2: thinking toggled by the template like V3.1 (deepseek-v3), its own tool-call format.
+    "deepseek_v32": ("deepseek-v3", "deepseekv32"),
     "qwen3": ("qwen3", "qwen25"),
     "qwen3_moe": ("qwen3", "qwen25"),
     "qwen3_next": ("qwen3", "qwen25"),
@@ -31,6 +36,8 @@ SGLANG_PARSERS = {
     "qwen3_5_moe_text": ("qwen3", "qwen25"),
     "gpt_oss": ("gpt-oss", "gpt-oss"),
     "glm4_moe": ("glm45", "glm45"),
+    # GLM-4.7(-Flash): GLM-4.5's reasoning format, the GLM-4.7 tool-call format.
+    "glm4_moe_lite": ("glm45", "glm47"),
     "llama": (None, "llama3"),
     "mixtral": (None, "mistral"),
     "mistral": (None, "mistral"),

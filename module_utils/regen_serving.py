@@ -19,6 +19,11 @@ import json
 import os
 import re
 
+try:
+    from ansible.module_utils.regen_plan import SGLANG_PARSERS
+except ImportError:  # imported as a plain module (the unit tests put module_utils/ on sys.path)
+    from regen_plan import SGLANG_PARSERS
+
 SGLANG_VERSION = "0.5.23"
 SGLANG_ROUTER_VERSION = "0.3.2"
 BACKENDS = ("sglang", "transformers")
@@ -35,18 +40,10 @@ API_KEY_ENV = "REGEN_SERVING_API_KEY"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 PCIE_BLACKWELL_ENV = {"NCCL_P2P_DISABLE": "1"}
 
-# Fallback parsers for when the facts carry no generation plan: model_type -> (reasoning, tool call).
-# Names are SGLang 0.5.23's (parser/reasoning_parser_names.py, function_call/parser_names.py).
-# DeepSeek-V3 (not R1, not V3.1) has no thinking mode, hence no reasoning parser.
-PARSERS_BY_MODEL_TYPE = {
-    "kimi_k2": ("kimi_k2", "kimi_k2"),
-    "kimi_k25": ("kimi_k2", "kimi_k2"),
-    "deepseek_v3": (None, "deepseekv3"),
-    "qwen3": ("qwen3", "qwen"),
-    "qwen3_moe": ("qwen3", "qwen"),
-    "gpt_oss": ("gpt-oss", "gpt-oss"),
-    "glm4_moe": ("glm45", "glm45"),
-}
+# Fallback parsers for when the facts carry no generation plan: model_type -> (reasoning, tool call). One
+# table for the plan and the launch line (regen_plan's), checked against SGLang 0.5.23's own choices by
+# tests/unit/test_serving_argv.py.
+PARSERS_BY_MODEL_TYPE = SGLANG_PARSERS
 
 # Flags the role renders itself; passing them again through extra args would make the effective value
 # depend on argparse's last-wins order, so that is refused with the variable to use instead.

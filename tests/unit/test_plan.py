@@ -140,6 +140,12 @@ def test_unknown_override_is_reported() -> None:
         ("gpt-oss-120b", "gpt-oss", "gpt-oss"),
         ("llama-3.1-8b-instruct", None, "llama3"),
         ("qwen3-8b", None, "qwen25"),  # no tokenizer facts: no think tokens known, so no reasoning parser
+        ("qwen3-next-80b-a3b-instruct", None, "qwen25"),
+        ("kimi-k2-instruct", None, "kimi_k2"),
+        ("deepseek-v3.2", None, "deepseekv32"),
+        ("glm-4.5-air", None, "glm45"),
+        ("glm-4.7-flash", None, "glm47"),
+        ("mixtral-8x7b-v0.1", None, "mistral"),
     ],
 )
 def test_sglang_parsers_by_family(fixture: str, reasoning: str | None, tool: str) -> None:
