@@ -66,11 +66,21 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
     ]
 
 
-def serving_lines(launches: list[tuple[str, Record]]) -> list[tuple[str, str]]:
-    return [
-        ("serve", f"{name}: {launch.get('endpoint')} ({launch.get('backend')}, {launch.get('mode')} mode)")
-        for name, launch in launches
-    ]
+def serving_lines(
+    launches: list[tuple[str, Record]], states: dict[str, Record] | None = None
+) -> list[tuple[str, str]]:
+    """One row per server; `states` (name -> state.json) says whether it was last seen running or stopped."""
+    rows = []
+    for name, launch in launches:
+        state = ((states or {}).get(name) or {}).get("state")
+        rows.append(
+            (
+                "serve",
+                f"{name}: {launch.get('endpoint')} ({launch.get('backend')}, {launch.get('mode')} mode)"
+                + (f", {state}" if state else ""),
+            )
+        )
+    return rows
 
 
 def generation_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]]:
@@ -119,7 +129,7 @@ def _named(paths: list[Path]) -> list[tuple[str, Record]]:
     for path in sorted(paths):
         record = _load(path)
         if record is not None:
-            name = path.parent.name if path.stem in ("launch", "status") else path.stem
+            name = path.parent.name if path.stem in ("launch", "state", "status") else path.stem
             found.append((name.removeprefix("status-"), record))
     return found
 
@@ -133,7 +143,8 @@ def collect(artifacts: Path) -> list[tuple[str, str]]:
         sections.append(("introspect", lambda: model_lines(facts)))
     launches = _named(list(artifacts.glob("serving/*/launch.json")))
     if launches:
-        sections.append(("serve", lambda: serving_lines(launches)))
+        states = {name: record for name, record in _named(list(artifacts.glob("serving/*/state.json")))}
+        sections.append(("serve", lambda: serving_lines(launches, states)))
     statuses = _named(list(artifacts.glob("completions/status-*.json")))
     if statuses:
         sections.append(("generate", lambda: generation_lines(statuses)))

@@ -39,6 +39,7 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwar
     output, third = _run_pipeline()
     assert all(stats["changed"] == 0 for stats in third.values()), (third, output[-6000:])
     assert "regen-serve-main is not running and nothing downstream needs it" in " ".join(output.split())
+    assert re.search(r"^\s+serve\s+localhost-main: .*, stopped$", output, re.MULTILINE), output[-3000:]
     assert not _listening(30000)
 
 

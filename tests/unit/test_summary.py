@@ -69,3 +69,18 @@ def test_a_malformed_record_is_reported_not_raised(tmp_path: Path) -> None:
     rows = summary.collect(tmp_path)
     assert rows == [("introspect", rows[0][1])]
     assert rows[0][1].startswith("record unreadable")
+
+
+def test_servers_say_whether_they_were_last_seen_running_or_stopped(tmp_path: Path) -> None:
+    launch = {"endpoint": "http://127.0.0.1:30000", "backend": "sglang", "mode": "systemd"}
+    _write(tmp_path / "serving" / "ct200-main" / "launch.json", launch)
+    _write(tmp_path / "serving" / "ct200-main" / "state.json", {"state": "stopped"})
+    _write(tmp_path / "serving" / "ct201-main" / "launch.json", launch)
+    _write(tmp_path / "serving" / "ct201-main" / "state.json", {"state": "running"})
+    _write(tmp_path / "serving" / "old-main" / "launch.json", launch)  # recorded before state.json existed
+    rows = [text for stage, text in summary.collect(tmp_path) if stage == "serve"]
+    assert rows == [
+        "ct200-main: http://127.0.0.1:30000 (sglang, systemd mode), stopped",
+        "ct201-main: http://127.0.0.1:30000 (sglang, systemd mode), running",
+        "old-main: http://127.0.0.1:30000 (sglang, systemd mode)",
+    ]

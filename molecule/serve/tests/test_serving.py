@@ -115,6 +115,7 @@ def test_the_run_is_recorded_on_the_controller(host) -> None:
     assert launch["mode"] == "systemd" and launch["unit"] == UNIT
     assert launch["backend"] == "transformers"
     assert launch["endpoint"] == URL
+    assert json.loads((record / "state.json").read_text()) == {"state": "running"}
     models = json.loads((record / "v1_models.json").read_text())
     assert MODEL in [m["id"] for m in models["data"]]
     facts = json.loads((EPHEMERAL / "artifacts" / "model_facts.json").read_text())
@@ -129,6 +130,8 @@ def test_teardown_stops_the_unit_and_a_second_teardown_changes_nothing(host) -> 
     assert not host.service(UNIT).is_enabled
     assert not host.socket("tcp://127.0.0.1:30000").is_listening
     assert host.file(f"/etc/systemd/system/{UNIT}.service").exists  # state stopped keeps the unit
+    state = EPHEMERAL / "artifacts" / "serving" / f"{HOST}-main" / "state.json"
+    assert json.loads(state.read_text()) == {"state": "stopped"}  # what the run summary shows
     second = playbook(str(PROJECT / "playbooks" / "teardown.yml"))
     assert second.returncode == 0, second.stdout[-3000:]
     assert recap(second.stdout)["changed"] == 0, second.stdout[-3000:]
@@ -151,3 +154,5 @@ def test_serve_starts_it_again_when_asked(host) -> None:
     assert recap(forced.stdout)["changed"] >= 1
     assert host.service(UNIT).is_running
     assert MODEL in [m["id"] for m in http(host, "/v1/models")["data"]]
+    state = EPHEMERAL / "artifacts" / "serving" / f"{HOST}-main" / "state.json"
+    assert json.loads(state.read_text()) == {"state": "running"}
