@@ -143,9 +143,12 @@ def test_serve_answers_then_idempotent_then_teardown(
     assert (changed, failed) == (0, 0), output[-5000:]
     assert _pid(state) == pid
 
+    assert json.loads((records / "state.json").read_text()) == {"state": "running"}
     output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
-    assert failed == 0 and changed == 1, output[-5000:]
+    # Two changes: the process stopped, and its recorded state (what the run summary shows).
+    assert failed == 0 and changed == 2, output[-5000:]
     assert not _alive(pid) and _nobody_listens(port)
+    assert json.loads((records / "state.json").read_text()) == {"state": "stopped"}
     output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
     assert (changed, failed) == (0, 0), output[-5000:]
 
@@ -302,5 +305,6 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
     assert int((state / "router.pid").read_text()) == router_pid
 
     output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
-    assert failed == 0 and changed == 2, output[-5000:]
+    # Router and server stopped, and each one's recorded state.
+    assert failed == 0 and changed == 4, output[-5000:]
     assert not _alive(router_pid) and _nobody_listens(router_port) and _nobody_listens(port)
