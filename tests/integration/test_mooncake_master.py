@@ -94,7 +94,9 @@ def _accepts(port: int) -> bool:
 
 def _listeners(pids: list[int]) -> list[dict]:
     request = json.dumps({"host": "127.0.0.1", "own_pids": pids, "ports": []})
-    out = subprocess.run([sys.executable, str(PORTS_SCRIPT), request], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, str(PORTS_SCRIPT), request], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)["listeners"]
 
 
@@ -113,9 +115,20 @@ def stop_afterwards(tmp_path: Path):
     yield
     for pid_file in _state_dir(tmp_path).glob("*.pid"):
         subprocess.run(
-            [sys.executable, "-m", "regen.serving.supervisor", "stop", "--state-dir", str(pid_file.parent),
-             "--name", pid_file.stem, "--timeout", "10"],
-            capture_output=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "regen.serving.supervisor",
+                "stop",
+                "--state-dir",
+                str(pid_file.parent),
+                "--name",
+                pid_file.stem,
+                "--timeout",
+                "10",
+            ],
+            capture_output=True,
+            check=False,
         )
 
 
@@ -227,10 +240,20 @@ def test_a_port_held_by_another_process_is_named_with_its_pid(tmp_path: Path, st
             "mooncake_master_metadata_server is embedded, but the master's built-in HTTP metadata server",
         ),
     ],
-    ids=["ipv4-wildcard", "ipv6-wildcard", "hostname", "bad-octet", "port-range", "port-type", "mode",
-         "embedded"],
+    ids=[
+        "ipv4-wildcard",
+        "ipv6-wildcard",
+        "hostname",
+        "bad-octet",
+        "port-range",
+        "port-type",
+        "mode",
+        "embedded",
+    ],
 )
-def test_bad_settings_fail_before_anything_is_installed(tmp_path: Path, settings: dict, expected: str) -> None:
+def test_bad_settings_fail_before_anything_is_installed(
+    tmp_path: Path, settings: dict, expected: str
+) -> None:
     ports = _free_ports(3)
     inventory = _inventory(tmp_path, ports, **settings)
     output, counts = _play(inventory)
@@ -247,3 +270,16 @@ def test_same_port_twice_is_refused(tmp_path: Path) -> None:
     assert counts["failed"] == 1, output[-4000:]
     assert f"mooncake_master_rpc_port ({rpc}), mooncake_master_http_metadata_port ({rpc})" in output
     assert "must be three different ports" in output
+
+
+def test_a_master_that_exits_at_start_fails_with_its_log(tmp_path: Path, stop_afterwards) -> None:
+    ports = _free_ports(3)
+    # A flag mooncake_master rejects: it prints why and exits before it binds anything.
+    inventory = _inventory(
+        tmp_path, ports, mooncake_master_extra_args=["--regen_no_such_flag=1"], mooncake_master_ready_timeout_s=5
+    )
+    output, counts = _play(inventory)
+    assert counts["failed"] == 1, output[-4000:]
+    assert "the Mooncake master on 127.0.0.1 is not ready: Timeout when waiting for 127.0.0.1:" in output
+    assert f"log: {_state_dir(tmp_path)}/<name>.log" in output
+    assert "unknown command line flag 'regen_no_such_flag'" in output, output[-4000:]
