@@ -275,9 +275,8 @@ def test_same_port_twice_is_refused(tmp_path: Path) -> None:
 def test_a_master_that_exits_at_start_fails_with_its_log(tmp_path: Path, stop_afterwards) -> None:
     ports = _free_ports(3)
     # A flag mooncake_master rejects: it prints why and exits before it binds anything.
-    inventory = _inventory(
-        tmp_path, ports, mooncake_master_extra_args=["--regen_no_such_flag=1"], mooncake_master_ready_timeout_s=5
-    )
+    settings = {"mooncake_master_extra_args": ["--regen_no_such_flag=1"]}
+    inventory = _inventory(tmp_path, ports, **settings, mooncake_master_ready_timeout_s=5)
     output, counts = _play(inventory)
     assert counts["failed"] == 1, output[-4000:]
     assert "the Mooncake master on 127.0.0.1 is not ready: Timeout when waiting for 127.0.0.1:" in output
