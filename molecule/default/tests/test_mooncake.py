@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,7 @@ def _get(host, url: str, method: str = "GET", body: str | None = None) -> tuple[
         "except urllib.error.HTTPError as e:\n"
         "    print(json.dumps([e.code, e.read().decode()]))\n"
     )
-    result = host.run(f"python3 -c {json.dumps(script)}")
+    result = host.run(f"python3 -c {shlex.quote(script)}")
     assert result.rc == 0, result.stderr
     status, text = json.loads(result.stdout)
     return status, text
