@@ -1,7 +1,7 @@
 """`molecule test` of each scenario against a real LXC container (systemd Debian) standing in for CT200,
 with converge, idempotence and testinfra verification:
 
-- `default`: the provisioning playbook (molecule/default/README.md);
+- `default`: the provisioning playbook, then the Mooncake master under systemd (molecule/default/README.md);
 - `serve`: provision, introspect, prompts, serve and generate, the model server running as a systemd unit,
   then teardown and the serve stage's "leave a stopped server stopped" path (molecule/serve/README.md).
 
