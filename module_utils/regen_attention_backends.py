@@ -278,15 +278,23 @@ def choose_backend(
     return answer(row["value"], row["reason"], row)
 
 
+# Model types whose attention has learned sinks (SGLang's model_config.has_attention_sinks): gpt-oss.
+ATTENTION_SINK_MODEL_TYPES = ("gpt_oss",)
+
+
 def backend_for_facts(facts: dict, gpu_capability=None, override: str | None = None) -> dict:
-    """`choose_backend` from a facts document (architecture.attention, environment.gpu)."""
-    arch = (facts or {}).get("architecture") or {}
+    """`choose_backend` from a facts document ({architecture, environment}) or a bare architecture
+    (regen_config.normalize_config's output); the GPU's capability from environment.gpu unless given."""
+    facts = facts or {}
+    arch = facts.get("architecture") if "architecture" in facts else facts
+    arch = arch or {}
     attention = arch.get("attention") or {}
     if gpu_capability is None:
-        gpu = ((facts or {}).get("environment") or {}).get("gpu") or {}
+        gpu = (facts.get("environment") or {}).get("gpu") or {}
         caps = gpu.get("compute_capabilities") or []
         gpu_capability = gpu.get("compute_capability") or (caps[0] if caps else None)
-    sinks = bool(attention.get("attention_sinks") or arch.get("attention_sinks"))
+    types = {arch.get("model_type"), arch.get("text_model_type")}
+    sinks = bool(attention.get("attention_sinks")) or bool(types & set(ATTENTION_SINK_MODEL_TYPES))
     return choose_backend(gpu_capability, attention.get("kind"), attention_sinks=sinks, override=override)
 
 

@@ -25,8 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# Words and single punctuation marks; whitespace is looked at separately (whitespace_run).
-_TOKENS = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+# Words, and runs of one punctuation character ("-----" in a markdown table is one token, not a loop of
+# five); whitespace is looked at separately (whitespace_run).
+_TOKENS = re.compile(r"\w+|([^\w\s])\1*", re.UNICODE)
+
+
+def tokens_of(text: str) -> list[str]:
+    return [m.group(0) for m in _TOKENS.finditer(text)]
 _WHITESPACE_RUN = re.compile(r"\s{2,}")
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
 
@@ -79,7 +84,7 @@ def _one_token_repeated(text: str, t: Thresholds) -> Finding | None:
                 "one_token_repeated",
                 f"{char!r} is {count} of {len(chars)} non-space characters ({count / len(chars):.0%})",
             )
-    words = _TOKENS.findall(text)
+    words = tokens_of(text)
     if len(words) >= t.word_min_words:
         word, count = collections.Counter(words).most_common(1)[0]
         if count / len(words) >= t.word_share:
@@ -108,7 +113,7 @@ def longest_ngram_loop(tokens: list[str], max_n: int) -> tuple[int, int, int]:
 
 
 def _ngram_loop(text: str, t: Thresholds) -> Finding | None:
-    tokens = _TOKENS.findall(text)
+    tokens = tokens_of(text)
     n, repeats, start = longest_ngram_loop(tokens, t.max_n)
     if n and repeats >= t.min_repeats and n * repeats >= t.min_loop_tokens:
         gram = " ".join(tokens[start : start + n])
