@@ -53,9 +53,9 @@ BACKEND_TABLE: list[dict] = [
         "reason": (
             "MLA on sm_120 (RTX PRO 6000 / RTX 50xx Blackwell): FlashInfer's MLA wrapper runs there with its "
             "fa2 kernels (sgl-project/sglang PR 12325, gsm8k 0.955 on DeepSeek-R1 FP4, RTX PRO 6000D); "
-            "trtllm_mla dies in prefill with 'Unsupported architecture' because FlashInfer's TllmGenFmhaRunner "
-            "only accepts SM100/SM103 (flashinfer issue 3263, sglang issue 24633); SGLang 0.5.23 left alone "
-            "would pick triton"
+            "trtllm_mla dies in prefill with 'Unsupported architecture' because FlashInfer's "
+            "TllmGenFmhaRunner only accepts SM100/SM103 (flashinfer issue 3263, sglang issue 24633); "
+            "SGLang 0.5.23 left alone would pick triton"
         ),
         "avoid": {
             "trtllm_mla": (
@@ -146,8 +146,8 @@ BACKEND_TABLE: list[dict] = [
         "value": "fa3",
         "sglang_default": "fa3",
         "reason": (
-            "MHA/GQA on Hopper (sm_90, CUDA >= 12.3): SGLang 0.5.23's own choice, FlashAttention-3 (FlashInfer "
-            "0.6.1 regressed on Hopper, sgl-project/sglang issue 17411)"
+            "MHA/GQA on Hopper (sm_90, CUDA >= 12.3): SGLang 0.5.23's own choice, FlashAttention-3 "
+            "(FlashInfer 0.6.1 regressed on Hopper, sgl-project/sglang issue 17411)"
         ),
         "avoid": {},
         "sources": [SGLANG_0_5_23_DEFAULTS, SGLANG_ISSUE_17411],
@@ -251,7 +251,11 @@ def choose_backend(
     row = None
     if cc is not None and attention_kind and sglang_version in SUPPORTED_SGLANG_VERSIONS:
         row = next(
-            (r for r in BACKEND_TABLE if _row_matches(r, cc, attention_kind, attention_sinks, sglang_version)),
+            (
+                r
+                for r in BACKEND_TABLE
+                if _row_matches(r, cc, attention_kind, attention_sinks, sglang_version)
+            ),
             None,
         )
     if override:
@@ -262,7 +266,8 @@ def choose_backend(
     if sglang_version not in SUPPORTED_SGLANG_VERSIONS:
         return answer(
             None,
-            f"no backend table for SGLang {sglang_version} (rows exist for {', '.join(SUPPORTED_SGLANG_VERSIONS)}): "
+            f"no backend table for SGLang {sglang_version} "
+            f"(rows exist for {', '.join(SUPPORTED_SGLANG_VERSIONS)}): "
             "SGLang picks its own default; re-read its get_default_attn_backend and add rows",
         )
     if cc is None:

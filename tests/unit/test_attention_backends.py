@@ -94,8 +94,17 @@ def test_no_row_leaves_the_flag_off_and_says_why(cc, kind, version, why):
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("12.0", (12, 0)), ("12", (12, 0)), ("sm_120", (12, 0)), ("sm90", (9, 0)), ("10.3", (10, 3)),
-     (9.0, (9, 0)), ((12, 1), (12, 1)), ("", None), ("gpu", None)],
+    [
+        ("12.0", (12, 0)),
+        ("12", (12, 0)),
+        ("sm_120", (12, 0)),
+        ("sm90", (9, 0)),
+        ("10.3", (10, 3)),
+        (9.0, (9, 0)),
+        ((12, 1), (12, 1)),
+        ("", None),
+        ("gpu", None),
+    ],
 )
 def test_parse_compute_capability(text, expected):
     assert ab.parse_compute_capability(text) == expected
@@ -133,11 +142,19 @@ def sglang_python():
 
 def test_every_table_name_is_a_choice_of_sglangs_parser(sglang_python):
     names = ab.table_values()
-    items = [{"kind": "server", "argv": ["--model-path", "/models/x", "--attention-backend", n]} for n in names]
-    items.append({"kind": "server", "argv": ["--model-path", "/models/x", "--attention-backend", "made_up_mla"]})
+    items = [
+        {"kind": "server", "argv": ["--model-path", "/models/x", "--attention-backend", n]} for n in names
+    ]
+    items.append(
+        {"kind": "server", "argv": ["--model-path", "/models/x", "--attention-backend", "made_up_mla"]}
+    )
     proc = subprocess.run(
         [str(sglang_python), str(FIXTURES / "sglang_parse_argv.py")],
-        input=json.dumps(items), capture_output=True, text=True, check=False, timeout=300,
+        input=json.dumps(items),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -87,7 +87,7 @@ def test_markdown_rules_and_short_repeats_are_not_loops():
 
 
 def test_longest_ngram_loop_finds_the_longest_cover():
-    tokens = "a b c a b c a b c x".split()
+    tokens = ["a", "b", "c", "a", "b", "c", "a", "b", "c", "x"]
     assert longest_ngram_loop(tokens, 5) == (3, 3, 0)
     assert longest_ngram_loop(["x", "y"], 5) == (0, 0, 0)
 

@@ -59,8 +59,13 @@ def test_right_answers_pass(stub):
 
 
 def test_real_garbage_fails_with_the_probes_named(stub):
-    stub.configure(replies={**RIGHT, "capital of France": GARBAGE["sglang-21132-ep8-capital"],
-                            "17 * 23": GARBAGE["sglang-24321-nvfp4-plus"]})
+    stub.configure(
+        replies={
+            **RIGHT,
+            "capital of France": GARBAGE["sglang-21132-ep8-capital"],
+            "17 * 23": GARBAGE["sglang-24321-nvfp4-plus"],
+        }
+    )
     verdict = _run(stub)
     assert verdict["verdict"] == "fail"
     assert verdict["failed"] == ["arithmetic-multiply", "capital-france"]
@@ -109,20 +114,29 @@ def test_only_loopback_endpoints():
 
 def test_judge_reasoning_budget_hint():
     probe = load_probes()[0]
-    doc = {"choices": [{"message": {"content": "", "reasoning_content": "Let me compute 17 * 23 ..."},
-                        "finish_reason": "length"}]}
+    doc = {
+        "choices": [
+            {
+                "message": {"content": "", "reasoning_content": "Let me compute 17 * 23 ..."},
+                "finish_reason": "length",
+            }
+        ]
+    }
     result = judge(probe, doc, 0.1)
     assert not result.passed
     assert "raise --max-tokens" in result.reasons[0]
 
 
 def test_check_answer_kinds():
-    probes = parse_probes([
-        {"id": "n", "prompt": "q", "expect": {"kind": "number", "value": 1024}},
-        {"id": "c", "prompt": "q", "expect": {"kind": "contains", "value": "Paris"}},
-        {"id": "e", "prompt": "q", "expect": {"kind": "exact", "value": "ok"}},
-        {"id": "r", "prompt": "q", "expect": {"kind": "regex", "value": r"^\s*yes\b"}},
-    ], "test")
+    probes = parse_probes(
+        [
+            {"id": "n", "prompt": "q", "expect": {"kind": "number", "value": 1024}},
+            {"id": "c", "prompt": "q", "expect": {"kind": "contains", "value": "Paris"}},
+            {"id": "e", "prompt": "q", "expect": {"kind": "exact", "value": "ok"}},
+            {"id": "r", "prompt": "q", "expect": {"kind": "regex", "value": r"^\s*yes\b"}},
+        ],
+        "test",
+    )
     n, c, e, r = probes
     assert check_answer(n, "It is 1,024.")[0] and not check_answer(n, "1023")[0]
     assert check_answer(c, "<think>maybe Lyon</think>The capital is paris.")[0]
@@ -149,7 +163,9 @@ def test_bad_probe_files_say_what_is_wrong(items, message):
 
 def test_probe_files_json_and_yaml(tmp_path):
     pytest.importorskip("yaml")
-    (tmp_path / "p.json").write_text(json.dumps({"probes": [{"id": "a", "prompt": "q", "expect": {"kind": "exact", "value": "x"}}]}))
+    (tmp_path / "p.json").write_text(
+        json.dumps({"probes": [{"id": "a", "prompt": "q", "expect": {"kind": "exact", "value": "x"}}]})
+    )
     (tmp_path / "p.yml").write_text("- id: b\n  prompt: q\n  expect: {kind: number, value: 2}\n")
     assert [p.id for p in load_probes(tmp_path / "p.json")] == ["a"]
     assert [p.id for p in load_probes(tmp_path / "p.yml")] == ["b"]
@@ -175,7 +191,10 @@ def test_trtllm_mla_failure_names_the_table_fix():
 def test_output_suggestions_fit_the_setup():
     assert [s["id"] for s in suggest_for_output("12.0", 8, "int4")] == ["sm120-ep8-garbage"]
     assert [s["id"] for s in suggest_for_output("12.0", 1, "nvfp4")] == ["sm120-nvfp4-garbage"]
-    assert [s["id"] for s in suggest_for_output("12.0", 8, None)] == ["sm120-ep8-garbage", "sm120-nvfp4-garbage"]
+    assert [s["id"] for s in suggest_for_output("12.0", 8, None)] == [
+        "sm120-ep8-garbage",
+        "sm120-nvfp4-garbage",
+    ]
     assert suggest_for_output("9.0", 8, "nvfp4") == []
     assert suggest_for_output(None, None, None) == []
 
@@ -186,7 +205,11 @@ def test_output_suggestions_fit_the_setup():
 def _cli(*args, env=None):
     return subprocess.run(
         [sys.executable, "-m", "regen.jobs.quality_gate", *args],
-        capture_output=True, text=True, check=False, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
 
@@ -205,8 +228,20 @@ def test_cli_fails_with_probes_log_tail_and_suggestion(stub, tmp_path):
     stub.configure(replies={**RIGHT, "capital of France": GARBAGE["sglang-21132-ep8-capital"]})
     log = tmp_path / "main.log"
     log.write_text("[2026-03-22] Load weight end.\n[2026-03-22] The server is fired up and ready to roll!\n")
-    proc = _cli("--endpoint", stub.url, "--model", "probe-model", "--log-file", str(log),
-                "--compute-capability", "12.0", "--ep-size", "8", "--quantization", "fp8")
+    proc = _cli(
+        "--endpoint",
+        stub.url,
+        "--model",
+        "probe-model",
+        "--log-file",
+        str(log),
+        "--compute-capability",
+        "12.0",
+        "--ep-size",
+        "8",
+        "--quantization",
+        "fp8",
+    )
     assert proc.returncode == 1
     verdict = json.loads(proc.stdout)
     assert verdict["failed"] == ["capital-france"]
@@ -217,8 +252,16 @@ def test_cli_fails_with_probes_log_tail_and_suggestion(stub, tmp_path):
 
 def test_cli_inline_probes_and_not_applicable(stub):
     probes = [{"id": "only", "prompt": "What is 17 * 23?", "expect": {"kind": "number", "value": 391}}]
-    proc = _cli("--endpoint", stub.url, "--model", "probe-model", "--probes-json", json.dumps(probes),
-                "--not-applicable-reason", "the demo model has random weights")
+    proc = _cli(
+        "--endpoint",
+        stub.url,
+        "--model",
+        "probe-model",
+        "--probes-json",
+        json.dumps(probes),
+        "--not-applicable-reason",
+        "the demo model has random weights",
+    )
     assert proc.returncode == 0, proc.stderr
     verdict = json.loads(proc.stdout)
     assert verdict["verdict"] == "not_applicable" and verdict["total"] == 1
@@ -247,6 +290,8 @@ def test_cli_exit_codes_for_bad_input_and_no_server(tmp_path):
     remote = _cli("--endpoint", "http://10.1.2.200:30000", "--model", "m")
     assert remote.returncode == 2 and "only talks to loopback" in remote.stderr
     bad = tmp_path / "bad.json"
-    bad.write_text("[{\"id\": 1}]")
-    assert "'id' must be a non-empty string" in _cli("--endpoint", "http://127.0.0.1:1", "--model", "m",
-                                                     "--probes", str(bad)).stderr
+    bad.write_text('[{"id": 1}]')
+    assert (
+        "'id' must be a non-empty string"
+        in _cli("--endpoint", "http://127.0.0.1:1", "--model", "m", "--probes", str(bad)).stderr
+    )

@@ -42,25 +42,39 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--endpoint", required=True, help="server base URL on loopback, e.g. http://127.0.0.1:30000")
+    p.add_argument(
+        "--endpoint", required=True, help="server base URL on loopback, e.g. http://127.0.0.1:30000"
+    )
     p.add_argument("--model", required=True, help="the served model name (what /v1/models lists)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--probes", help="probe file (JSON list, JSON lines or YAML); default: the packaged set")
-    src.add_argument("--probes-json", help="the probes inline, as a JSON list (what the role passes for a list)")
+    src.add_argument(
+        "--probes-json", help="the probes inline, as a JSON list (what the role passes for a list)"
+    )
     p.add_argument("--not-applicable-reason", default="", help="run and report, but do not fail: why not")
     p.add_argument("--api-key-env-file", help="KEY=VALUE file holding the server's API key (systemd style)")
     p.add_argument("--api-key-var", default="REGEN_SERVING_API_KEY", help="the key's name in that file")
     p.add_argument("--api-key-env", help="environment variable holding the API key")
     p.add_argument("--max-tokens", type=int, default=256, help="answer budget per probe (default 256)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per probe request (default 300)")
-    p.add_argument("--extra-body", default="", help="JSON object merged into every request (chat_template_kwargs)")
-    p.add_argument("--tokenizer", help="model directory: also check that the tokenizer round-trips each answer")
+    p.add_argument(
+        "--extra-body", default="", help="JSON object merged into every request (chat_template_kwargs)"
+    )
+    p.add_argument(
+        "--tokenizer", help="model directory: also check that the tokenizer round-trips each answer"
+    )
     logs = p.add_mutually_exclusive_group()
     logs.add_argument("--log-file", help="the server's log file, for the tail shown on failure")
     logs.add_argument("--unit", help="the server's systemd unit, for the tail shown on failure (journalctl)")
-    p.add_argument("--compute-capability", default="", help="GPU compute capability, e.g. 12.0 (for suggestions)")
-    p.add_argument("--ep-size", type=int, default=None, help="expert-parallel size of the launch (for suggestions)")
-    p.add_argument("--quantization", default="", help="checkpoint quantization, e.g. nvfp4, int4 (for suggestions)")
+    p.add_argument(
+        "--compute-capability", default="", help="GPU compute capability, e.g. 12.0 (for suggestions)"
+    )
+    p.add_argument(
+        "--ep-size", type=int, default=None, help="expert-parallel size of the launch (for suggestions)"
+    )
+    p.add_argument(
+        "--quantization", default="", help="checkpoint quantization, e.g. nvfp4, int4 (for suggestions)"
+    )
     p.add_argument("--report", help="also write the verdict JSON to this file (atomically)")
     return p
 
@@ -124,7 +138,10 @@ def read_log(a: argparse.Namespace) -> str:
         try:
             out = subprocess.run(
                 ["journalctl", "-u", a.unit, "-o", "cat", "--no-pager", "-n", "400"],
-                capture_output=True, text=True, check=False, timeout=30,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=30,
             )
         except (OSError, subprocess.TimeoutExpired):
             return ""
@@ -138,7 +155,9 @@ def explain_failure(verdict: dict[str, Any], a: argparse.Namespace) -> dict[str,
     known = match_log(text) or diagnose(text)
     verdict["log_tail"] = tail(text, LOG_TAIL_LINES)
     verdict["log_cause"] = (
-        {"kind": known.kind, "summary": known.summary, "hint": known.hint, "line": known.line} if known else None
+        {"kind": known.kind, "summary": known.summary, "hint": known.hint, "line": known.line}
+        if known
+        else None
     )
     suggestions = suggest_for_output(a.compute_capability or None, a.ep_size, a.quantization or None)
     verdict["suggestions"] = suggestions
@@ -167,9 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     probes = _probes(a)
     try:
         verdict = run_probes(
-            a.endpoint, a.model, probes,
-            api_key=_api_key(a), max_tokens=a.max_tokens, timeout=a.timeout, extra_body=extra,
-            tokenizer=_tokenizer(a.tokenizer), not_applicable_reason=a.not_applicable_reason.strip() or None,
+            a.endpoint,
+            a.model,
+            probes,
+            api_key=_api_key(a),
+            max_tokens=a.max_tokens,
+            timeout=a.timeout,
+            extra_body=extra,
+            tokenizer=_tokenizer(a.tokenizer),
+            not_applicable_reason=a.not_applicable_reason.strip() or None,
         )
     except GateError as exc:
         raise JobError(str(exc)) from None

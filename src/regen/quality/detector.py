@@ -32,6 +32,8 @@ _TOKENS = re.compile(r"\w+|([^\w\s])\1*", re.UNICODE)
 
 def tokens_of(text: str) -> list[str]:
     return [m.group(0) for m in _TOKENS.finditer(text)]
+
+
 _WHITESPACE_RUN = re.compile(r"\s{2,}")
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
 
@@ -104,7 +106,10 @@ def longest_ngram_loop(tokens: list[str], max_n: int) -> tuple[int, int, int]:
         i = 0
         while i + 2 * n <= size:
             repeats = 1
-            while i + (repeats + 1) * n <= size and tokens[i + repeats * n : i + (repeats + 1) * n] == tokens[i : i + n]:
+            while (
+                i + (repeats + 1) * n <= size
+                and tokens[i + repeats * n : i + (repeats + 1) * n] == tokens[i : i + n]
+            ):
                 repeats += 1
             if repeats > 1 and repeats * n > best_cover:
                 best, best_cover = (n, repeats, i), repeats * n
@@ -126,7 +131,8 @@ def _whitespace_run(text: str, t: Thresholds) -> Finding | None:
         run = match.group(0)
         if len(run) >= t.whitespace_chars and run.count("\n") >= t.whitespace_newlines:
             return Finding(
-                "whitespace_run", f"{len(run)} whitespace characters ({run.count(chr(10))} newlines) in one run"
+                "whitespace_run",
+                f"{len(run)} whitespace characters ({run.count(chr(10))} newlines) in one run",
             )
     return None
 
@@ -138,11 +144,13 @@ def _roundtrip(text: str, tokenizer: Any) -> Finding | None:
         ids = tokenizer.encode(text)
     back = tokenizer.decode(ids)
     if back != text:
-        where = next((i for i, (a, b) in enumerate(zip(text, back, strict=False)) if a != b), min(len(text), len(back)))
+        where = next(
+            (i for i, (a, b) in enumerate(zip(text, back, strict=False)) if a != b), min(len(text), len(back))
+        )
         return Finding(
             "roundtrip",
             f"decode(encode(text)) differs from the text at character {where}: "
-            f"{_preview(text[where:where + 20])} -> {_preview(back[where:where + 20])}",
+            f"{_preview(text[where : where + 20])} -> {_preview(back[where : where + 20])}",
         )
     return None
 
@@ -165,11 +173,19 @@ def degeneration(
     """
     text = text or ""
     if not text.strip():
-        return [Finding("empty", "the content is empty" if not text else f"only whitespace ({len(text)} characters)")]
+        return [
+            Finding(
+                "empty", "the content is empty" if not text else f"only whitespace ({len(text)} characters)"
+            )
+        ]
     findings: list[Finding] = []
     bad = text.count("\ufffd")
     if bad:
-        findings.append(Finding("replacement_char", f"{bad} U+FFFD replacement character(s): broken UTF-8 from the server"))
+        findings.append(
+            Finding(
+                "replacement_char", f"{bad} U+FFFD replacement character(s): broken UTF-8 from the server"
+            )
+        )
     for check in (_one_token_repeated, _ngram_loop, _whitespace_run):
         found = check(text, thresholds)
         if found:
@@ -210,14 +226,23 @@ class RollingDegeneration:
         self._recent = collections.deque(maxlen=self.window)
         self._examples = collections.deque(maxlen=self.keep_examples)
 
-    def add(self, text: str | None, key: str | None = None, judge: Callable[[str | None], list[Finding]] | None = None) -> list[Finding]:
+    def add(
+        self,
+        text: str | None,
+        key: str | None = None,
+        judge: Callable[[str | None], list[Finding]] | None = None,
+    ) -> list[Finding]:
         """Judge one completion; returns its findings (empty when it looks fine)."""
-        findings = (judge or (lambda t: degeneration(t, tokenizer=self.tokenizer, thresholds=self.thresholds)))(text)
+        findings = (
+            judge or (lambda t: degeneration(t, tokenizer=self.tokenizer, thresholds=self.thresholds))
+        )(text)
         self.seen += 1
         self._recent.append(bool(findings))
         if findings:
             self.degenerate_total += 1
-            self._examples.append({"id": key, "findings": [str(f) for f in findings], "text": (text or "")[:200]})
+            self._examples.append(
+                {"id": key, "findings": [str(f) for f in findings], "text": (text or "")[:200]}
+            )
         return findings
 
     @property

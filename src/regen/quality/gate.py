@@ -119,7 +119,15 @@ def judge(
         choice = doc["choices"][0]
         message = choice.get("message") or {}
     except (KeyError, IndexError, TypeError, AttributeError):
-        return ProbeResult(probe.id, False, [f"the response has no choices[0].message: {str(doc)[:200]}"], "", None, [], latency_s)
+        return ProbeResult(
+            probe.id,
+            False,
+            [f"the response has no choices[0].message: {str(doc)[:200]}"],
+            "",
+            None,
+            [],
+            latency_s,
+        )
     content = message.get("content") or ""
     reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
     finish = choice.get("finish_reason")
@@ -132,10 +140,15 @@ def judge(
                 "with --extra-body '{\"chat_template_kwargs\": {...}}')"
             )
         reasons.append(why)
-    findings = [str(f) for f in degeneration(strip_reasoning(content), tokenizer=tokenizer, thresholds=thresholds)]
+    findings = [
+        str(f) for f in degeneration(strip_reasoning(content), tokenizer=tokenizer, thresholds=thresholds)
+    ]
     if reasoning:
-        findings += [f"reasoning: {f}" for f in degeneration(reasoning, tokenizer=tokenizer, thresholds=thresholds)
-                     if f.kind != "empty"]
+        findings += [
+            f"reasoning: {f}"
+            for f in degeneration(reasoning, tokenizer=tokenizer, thresholds=thresholds)
+            if f.kind != "empty"
+        ]
     # An empty answer is already the answer's failure; other findings fail the probe on their own.
     extra = [f for f in findings if not f.startswith("empty")]
     reasons += [f"degenerate: {f}" for f in extra]

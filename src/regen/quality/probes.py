@@ -81,7 +81,13 @@ def parse_probe(obj: Any, where: str) -> Probe:
         raise ProbeError(f"{where} ({pid}): 'max_tokens' must be a positive integer")
     known = {"id", "prompt", "messages", "expect", "max_tokens", "note"}
     return Probe(
-        pid, messages, kind, value, max_tokens, str(obj.get("note", "")), {k: v for k, v in obj.items() if k not in known}
+        pid,
+        messages,
+        kind,
+        value,
+        max_tokens,
+        str(obj.get("note", "")),
+        {k: v for k, v in obj.items() if k not in known},
     )
 
 
@@ -89,7 +95,7 @@ def parse_probes(items: Any, where: str) -> list[Probe]:
     if isinstance(items, dict) and "probes" in items:
         items = items["probes"]
     if not isinstance(items, list) or not items:
-        raise ProbeError(f"{where}: expected a non-empty list of probes (or {{\"probes\": [...]}})")
+        raise ProbeError(f'{where}: expected a non-empty list of probes (or {{"probes": [...]}})')
     probes = [parse_probe(obj, f"{where} entry {i + 1}") for i, obj in enumerate(items)]
     seen: set[str] = set()
     for p in probes:
@@ -113,7 +119,9 @@ def load_probes(path: str | Path | None = None) -> list[Probe]:
         try:
             import yaml
         except ImportError:
-            raise ProbeError(f"{p}: reading YAML needs PyYAML in this venv; or write the probes as JSON") from None
+            raise ProbeError(
+                f"{p}: reading YAML needs PyYAML in this venv; or write the probes as JSON"
+            ) from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:

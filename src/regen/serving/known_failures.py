@@ -34,7 +34,9 @@ class LogSignature:
 LOG_SIGNATURES: list[LogSignature] = [
     LogSignature(
         "trtllm_mla_unsupported_arch",
-        re.compile(r"TllmGenFmhaRunner.*Unsupported architectur|fmhaRunner\.cuh:\d+: Unsupported architectur"),
+        re.compile(
+            r"TllmGenFmhaRunner.*Unsupported architectur|fmhaRunner\.cuh:\d+: Unsupported architectur"
+        ),
         "the TRT-LLM MLA/FMHA kernels (attention backend trtllm_mla) do not run on this GPU: FlashInfer's "
         "TllmGenFmhaRunner accepts only SM100/SM103, so sm_120 (RTX PRO 6000) fails in prefill",
         "set sglang_server_attention_backend: flashinfer (FlashInfer MLA runs on sm_120; see "
@@ -87,7 +89,9 @@ def match_log(text: str) -> Cause | None:
     for sig in LOG_SIGNATURES:
         for line in reversed(lines):
             if sig.pattern.search(line):
-                return Cause(sig.kind, sig.summary, f"{sig.hint} (source: {sig.sources[0]})", line.strip()[:300])
+                return Cause(
+                    sig.kind, sig.summary, f"{sig.hint} (source: {sig.sources[0]})", line.strip()[:300]
+                )
     return None
 
 
@@ -148,7 +152,13 @@ def suggest_for_output(
             continue
         if sig.needs_expert_parallel and ep_size is not None and ep_size <= 1:
             continue
-        if sig.quantization_pattern is not None and quantization is not None and not sig.quantization_pattern.search(quantization):
+        if (
+            sig.quantization_pattern is not None
+            and quantization is not None
+            and not sig.quantization_pattern.search(quantization)
+        ):
             continue
-        out.append({"id": sig.id, "reported": sig.reported, "suggestion": sig.suggestion, "source": sig.source})
+        out.append(
+            {"id": sig.id, "reported": sig.reported, "suggestion": sig.suggestion, "source": sig.source}
+        )
     return out
