@@ -36,5 +36,6 @@ def test_gate_fails_on_random_weights_when_enforced_and_is_not_applicable_by_def
     assert "the demo model has random weights" in output
     output, (_, changed, _, failed) = _play(default, "serve.yml")
     assert (changed, failed) == (0, 0), output[-5000:]
-    models = json.loads((tmp_path / "artifacts" / "serving" / "localhost-main" / "v1_models.json").read_text())
+    records = tmp_path / "artifacts" / "serving" / "localhost-main"
+    models = json.loads((records / "v1_models.json").read_text())
     assert models["data"][0]["id"] == str(demo_model_dir)

@@ -183,7 +183,7 @@ def test_known_log_failures(entry):
 
 def test_trtllm_mla_failure_names_the_table_fix():
     cause = match_log(LOGS[0]["line"])
-    assert "sglang_server_attention_backend: flashinfer" in cause.hint
+    assert "--attention-backend flashinfer" in cause.hint
     assert match_log("INFO: The server is fired up and ready to roll!") is None
     assert all(sig.sources for sig in LOG_SIGNATURES)
 

@@ -39,8 +39,10 @@ LOG_SIGNATURES: list[LogSignature] = [
         ),
         "the TRT-LLM MLA/FMHA kernels (attention backend trtllm_mla) do not run on this GPU: FlashInfer's "
         "TllmGenFmhaRunner accepts only SM100/SM103, so sm_120 (RTX PRO 6000) fails in prefill",
-        "set sglang_server_attention_backend: flashinfer (FlashInfer MLA runs on sm_120; see "
-        "module_utils/regen_attention_backends.py, row sm120-mla) and re-run the serve stage",
+        "serve with --attention-backend flashinfer (FlashInfer MLA runs on sm_120; "
+        "module_utils/regen_attention_backends.py, row sm120-mla): sglang_server_attention_backend: "
+        "flashinfer where the plan names the backend, else sglang_server_extra_args: "
+        "['--attention-backend', 'flashinfer']; then re-run the serve stage",
         (
             "https://github.com/sgl-project/sglang/issues/24633",
             "https://github.com/flashinfer-ai/flashinfer/issues/3263",
@@ -51,14 +53,16 @@ LOG_SIGNATURES: list[LogSignature] = [
         "trtllm_mha_prefill_sm120_fp8_kv",
         re.compile(r"TRTLLM FMHAv2 prefill on SM120 does not support fp8_e4m3 KV cache"),
         "the TRT-LLM MHA prefill kernels on sm_120 do not take an fp8_e4m3 KV cache",
-        "set sglang_server_attention_backend: flashinfer, or serve with a bf16 KV cache",
+        "serve with --attention-backend flashinfer (sglang_server_attention_backend, or "
+        "sglang_server_extra_args), or with a bf16 KV cache",
         (SGLANG_0_5_23_SOURCE,),
     ),
     LogSignature(
         "trtllm_mha_unsupported_arch",
         re.compile(r"TRTLLM MHA backend for (?:prefill|decode) (?:requires|is only supported on)"),
         "the TRT-LLM MHA backend needs a Hopper (sm_90) or Blackwell (sm_100/sm_120) GPU",
-        "set sglang_server_attention_backend to flashinfer or triton for this GPU",
+        "serve with --attention-backend flashinfer or triton on this GPU (sglang_server_attention_backend, "
+        "or sglang_server_extra_args)",
         (SGLANG_0_5_23_SOURCE,),
     ),
     LogSignature(
