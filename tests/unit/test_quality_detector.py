@@ -153,3 +153,19 @@ def test_rolling_detector_waits_for_min_samples():
 def test_rolling_detector_rejects_nonsense_settings():
     with pytest.raises(ValueError, match="threshold"):
         RollingDegeneration(threshold=0)
+
+
+def test_generate_job_flags_build_the_detector():
+    import argparse
+
+    from regen.quality.detector import add_rolling_arguments, rolling_from_args
+
+    parser = argparse.ArgumentParser()
+    add_rolling_arguments(parser)
+    rolling = rolling_from_args(
+        parser.parse_args(["--degenerate-window", "50", "--degenerate-threshold", "0.5"])
+    )
+    assert (rolling.window, rolling.threshold, rolling.min_samples) == (50, 0.5, 20)
+    assert rolling_from_args(parser.parse_args(["--degenerate-window", "0"])) is None
+    with pytest.raises(ValueError, match="--degenerate-threshold"):
+        rolling_from_args(parser.parse_args(["--degenerate-threshold", "2"]))

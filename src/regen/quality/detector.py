@@ -280,3 +280,43 @@ class RollingDegeneration:
         if example:
             text += f"; latest: {example['findings'][0]} in {_preview(example['text'], 60)}"
         return text
+
+
+def add_rolling_arguments(parser) -> None:
+    """The generation job's flags for the rolling detector (--degenerate-window 0 turns it off)."""
+    group = parser.add_argument_group("output quality (stop when the server produces garbage)")
+    group.add_argument(
+        "--degenerate-window",
+        type=int,
+        default=200,
+        help="judge the last N completions (0: off; default 200)",
+    )
+    group.add_argument(
+        "--degenerate-threshold",
+        type=float,
+        default=0.2,
+        help="stop when more than this share of them is degenerate (default 0.2)",
+    )
+    group.add_argument(
+        "--degenerate-min-samples",
+        type=int,
+        default=20,
+        help="judge only after this many completions (default 20)",
+    )
+
+
+def rolling_from_args(args) -> RollingDegeneration | None:
+    """The detector the flags ask for; None when --degenerate-window is 0. Raises ValueError with the
+    flag names for settings that cannot work."""
+    if args.degenerate_window == 0:
+        return None
+    try:
+        return RollingDegeneration(
+            window=args.degenerate_window,
+            threshold=args.degenerate_threshold,
+            min_samples=args.degenerate_min_samples,
+        )
+    except ValueError as exc:
+        raise ValueError(
+            f"--degenerate-window/--degenerate-threshold/--degenerate-min-samples: {exc}"
+        ) from None
