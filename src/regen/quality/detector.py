@@ -54,6 +54,9 @@ class Thresholds:
     max_n: int = 16
     min_repeats: int = 4
     min_loop_tokens: int = 24
+    # Only the last loop_tail_tokens tokens are searched for loops: a model stuck in one loops until
+    # max_tokens, so the loop is at the end, and the check stays cheap on long completions.
+    loop_tail_tokens: int = 1024
     # whitespace_run: at least this many whitespace characters in one run, holding at least min_newlines.
     whitespace_chars: int = 32
     whitespace_newlines: int = 8
@@ -98,27 +101,31 @@ def _one_token_repeated(text: str, t: Thresholds) -> Finding | None:
 
 
 def longest_ngram_loop(tokens: list[str], max_n: int) -> tuple[int, int, int]:
-    """(n, repeats, start) of the back-to-back repeated n-gram covering the most tokens; (0, 0, 0) if none."""
-    best = (0, 0, 0)
-    best_cover = 0
+    """(n, repeats, start) of the back-to-back repeated n-gram covering the most tokens; (0, 0, 0) if none.
+
+    An n-gram repeated r times back to back is a run of (r - 1) * n positions j where
+    tokens[j] == tokens[j + n]; one pass per n finds the longest such run (linear, no slicing: the
+    generation job runs this on every completion).
+    """
+    best, best_cover = (0, 0, 0), 0
     size = len(tokens)
     for n in range(1, min(max_n, size // 2) + 1):
-        i = 0
-        while i + 2 * n <= size:
-            repeats = 1
-            while (
-                i + (repeats + 1) * n <= size
-                and tokens[i + repeats * n : i + (repeats + 1) * n] == tokens[i : i + n]
-            ):
-                repeats += 1
+        run = run_start = 0
+        for j, same in enumerate(map(str.__eq__, tokens, tokens[n:])):
+            if not same:
+                run = 0
+                continue
+            if run == 0:
+                run_start = j
+            run += 1
+            repeats = run // n + 1
             if repeats > 1 and repeats * n > best_cover:
-                best, best_cover = (n, repeats, i), repeats * n
-            i += max(1, (repeats - 1) * n) if repeats > 1 else 1
+                best, best_cover = (n, repeats, run_start), repeats * n
     return best
 
 
 def _ngram_loop(text: str, t: Thresholds) -> Finding | None:
-    tokens = tokens_of(text)
+    tokens = tokens_of(text)[-t.loop_tail_tokens :]
     n, repeats, start = longest_ngram_loop(tokens, t.max_n)
     if n and repeats >= t.min_repeats and n * repeats >= t.min_loop_tokens:
         gram = " ".join(tokens[start : start + n])
