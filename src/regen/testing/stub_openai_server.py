@@ -18,6 +18,9 @@ Fault switches (all off by default; each `*_rate` is a probability per request):
   --down                                      every request fails (503, or resets with --down-mode reset)
   --reasoning never|always|when_thinking      add `reasoning_content` (when_thinking: only when
                                               chat_template_kwargs has thinking/enable_thinking true)
+  --replies-json '{"TEXT": "ANSWER"}'         canned answers: a request whose last user turn contains
+                                              TEXT is answered with ANSWER (first match wins), e.g. right
+                                              and wrong answers for the quality gate's probes
 All switches can be changed at run time: `POST /stub/config` with a JSON object of the same names
 (underscores), and `GET /stub/stats` returns counters; `GET /stub/requests` the recorded requests
 ({path, authorization, body}) when started with --record.
@@ -69,6 +72,7 @@ class StubConfig:
     down: bool = False
     down_mode: str = "503"
     reasoning: str = "never"
+    replies: dict[str, str] = dataclasses.field(default_factory=dict)
     model_name: str = "stub-model"
     record: bool = False
     seed: int = 0
@@ -80,6 +84,10 @@ class StubConfig:
                 raise ValueError(f"unknown stub setting {key!r}; known: {sorted(names)}")
             if key == "error_status":
                 value = tuple(int(v) for v in (value if isinstance(value, list | tuple) else [value]))
+            if key == "replies" and not (
+                isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+            ):
+                raise ValueError("replies must be an object of {substring: answer text}")
             if key == "fail_kind" and str(value) not in FAIL_KINDS:
                 raise ValueError(f"fail_kind must be one of {FAIL_KINDS}")
             setattr(self, key, value)
@@ -225,7 +233,11 @@ class StubApp:
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 1 << 30
         n_out = min(c.tokens, int(max_tokens))
         truncated = n_out < c.tokens or (c.length_rate and self._rng.random() < c.length_rate)
-        content = f"stub reply {turn} to: {str(last_user)[:60]} | {_words(max(0, n_out - 8))}"
+        canned = next((text for needle, text in c.replies.items() if needle in str(last_user)), None)
+        if canned is not None:
+            content, n_out, truncated = canned, len(canned.split()), False
+        else:
+            content = f"stub reply {turn} to: {str(last_user)[:60]} | {_words(max(0, n_out - 8))}"
         message: dict[str, Any] = {"role": "assistant", "content": content}
         kwargs = body.get("chat_template_kwargs") or {}
         thinking = bool(kwargs.get("thinking") or kwargs.get("enable_thinking"))
@@ -377,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--down", action="store_true")
     p.add_argument("--down-mode", default="503", choices=("503", "reset"))
     p.add_argument("--reasoning", default="never", choices=("never", "always", "when_thinking"))
+    p.add_argument("--replies-json", default="{}", help='canned answers, e.g. {"capital": "Paris"}')
     p.add_argument("--model-name", default="stub-model")
     p.add_argument("--record", action="store_true", help="keep request bodies for GET /stub/requests")
     p.add_argument("--seed", type=int, default=0)
@@ -386,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     _check_loopback(a.host)
+    replies = json.loads(a.replies_json)
+    if not isinstance(replies, dict):
+        raise SystemExit("error: --replies-json must be a JSON object of {substring: answer}")
     config = StubConfig(
         delay=a.delay,
         jitter=a.jitter,
@@ -404,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         down=a.down,
         down_mode=a.down_mode,
         reasoning=a.reasoning,
+        replies={str(k): str(v) for k, v in replies.items()},
         model_name=a.model_name,
         record=a.record,
         seed=a.seed,
