@@ -38,7 +38,8 @@ def test_the_real_locks_parse_and_carry_their_target() -> None:
 
 
 def test_every_lock_pins_every_package_with_the_hashes_of_its_files() -> None:
-    paths = [ROOT / "envs" / f"{name}.lock" for name in HOST_LOCKS] + [ROOT / "requirements" / "controller.lock"]
+    paths = [ROOT / "envs" / f"{name}.lock" for name in HOST_LOCKS]
+    paths.append(ROOT / "requirements" / "controller.lock")
     for path in paths:
         lock = pe.parse_lock(path.read_text(), path.name)  # require_hashes: a pin without one raises
         assert lock["pins"] and set(lock["hashes"]) == set(lock["pins"]), path
@@ -104,7 +105,10 @@ def test_markers_extras_and_names_normalize() -> None:
 
 
 def test_hash_lines_continue_the_pin_above_them_as_pip_reads_them() -> None:
-    text = f"# header\nfoo==1.0 \\\n    --hash={OTHER_SHA} \\\n    --hash={SHA}\n    # via bar\nbar==2 --hash={SHA}\n"
+    text = (
+        f"# header\nfoo==1.0 \\\n    --hash={OTHER_SHA} \\\n    --hash={SHA}\n"
+        f"    # via bar\nbar==2 --hash={SHA}\n"
+    )
     lock = pe.parse_lock(text)
     assert lock["pins"] == {"foo": "1.0", "bar": "2"}
     assert lock["hashes"] == {"foo": [SHA, OTHER_SHA], "bar": [SHA]}
@@ -138,7 +142,8 @@ def test_extras_must_be_pinned_and_must_not_repin_the_lock() -> None:
     with pytest.raises(pe.LockError, match=r"regen_demo_packages: 'sentencepiece>=0.2' is not pinned"):
         pe.check_extras(["sentencepiece>=0.2"], demo, "regen_demo_packages")
     with pytest.raises(
-        pe.LockError, match=r"regen_demo_packages: 'tqdm==4.67.1' conflicts with the lock, which pins tqdm==4.70.1"
+        pe.LockError,
+        match=r"regen_demo_packages: 'tqdm==4.67.1' conflicts with the lock, which pins tqdm==4.70.1",
     ):
         pe.check_extras(["tqdm==4.67.1"], demo, "regen_demo_packages")
     with pytest.raises(pe.LockError, match="extra_packages of this entry in python_env_envs"):
@@ -238,11 +243,11 @@ def test_offline_miss_names_the_wheelhouse() -> None:
 
 # What pip 26.3 and uv 0.13.8 print when a file's sha256 is not among the lock's hashes (captured from real
 # runs against the demo wheelhouse with a lock whose tqdm hash was replaced).
-PIP_HASH_MISMATCH = """Processing /w/demo/tqdm-4.70.1-py3-none-any.whl (from -r /v/.regen-env/lock.txt (line 1))
+PIP_HASH_MISMATCH = """Processing /w/demo/tqdm-4.70.1-py3-none-any.whl (from -r /v/lock.txt (line 1))
 ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE. If you have updated the package \
 versions, please update the hashes. Otherwise, examine the package contents carefully; someone may have \
 tampered with them.
-    tqdm==4.70.1 from file:///w/demo/tqdm-4.70.1-py3-none-any.whl (from -r /v/.regen-env/lock.txt (line 1)):
+    tqdm==4.70.1 from file:///w/demo/tqdm-4.70.1-py3-none-any.whl (from -r /v/lock.txt (line 1)):
         Expected sha256 0000000000000000000000000000000000000000000000000000000000000000
              or sha256 1111111111111111111111111111111111111111111111111111111111111111
              Got        c293e525e6fef9c20e8728fd4612df02a0aa31bb5fe91ecd93e123b1b7bffa73
@@ -271,11 +276,18 @@ def test_a_file_the_lock_has_no_hash_for_is_named_with_its_digest(output: str) -
 
 
 def test_a_pin_without_hash_is_sent_back_to_the_resolver() -> None:
-    uv = "error: In `--require-hashes` mode, all requirements must have a hash, but none were provided for: foo==1"
-    pip = "ERROR: Hashes are required in --require-hashes mode, but they are missing ... tampering.\n    foo==1 --hash=sha256:ab"
+    uv = (
+        "error: In `--require-hashes` mode, all requirements must have a hash, but none were provided "
+        "for: foo==1"
+    )
+    pip = (
+        "ERROR: Hashes are required in --require-hashes mode, but they are missing from some requirements."
+        " ... tampering.\n    foo==1 --hash=sha256:ab"
+    )
     for output in (uv, pip):
         msg = pe.classify_install_failure(output, "demo", "", False, "")
-        assert msg.startswith("foo==1 has no --hash in the lock of environment 'demo'") and "envs/resolve.sh" in msg
+        assert msg.startswith("foo==1 has no --hash in the lock of environment 'demo'")
+        assert "envs/resolve.sh" in msg
 
 
 def test_disk_full_is_named() -> None:

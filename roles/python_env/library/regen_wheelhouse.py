@@ -37,7 +37,7 @@ options:
   remedy_variable:
     description: The inventory variable a user edits to change the extra packages (named in messages).
     type: str
-    default: 
+    default: ''
   dest:
     description: Wheelhouse directory.
     type: path

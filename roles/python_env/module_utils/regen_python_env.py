@@ -94,7 +94,7 @@ def _split_hashes(logical, source, number):
             )
         algorithm, digest = match.group("algorithm"), match.group("digest")
         length = _DIGEST_LENGTH.get(algorithm)
-        if length is None or not re.fullmatch("[0-9a-f]{%d}" % length, digest):
+        if length is None or not re.fullmatch(f"[0-9a-f]{{{length}}}", digest):
             raise LockError(
                 f"{source} line {number}: {option.strip()!r} is not a digest pip can check (sha256, sha384 "
                 "or sha512, then the digest in lowercase hex); " + _RESOLVE_HINT
@@ -136,17 +136,21 @@ def parse_lock(text, source="lock", require_hashes=True):
         requirement, line_hashes = _split_hashes(line, source, number)
         match = _PIN.match(requirement)
         if not match:
-            raise LockError(f"{source} line {number}: {requirement!r} is not pinned with '=='; " + _RESOLVE_HINT)
+            raise LockError(
+                f"{source} line {number}: {requirement!r} is not pinned with '=='; {_RESOLVE_HINT}"
+            )
         name, version = normalize_name(match.group("name")), match.group("version")
         if require_hashes and not line_hashes:
             raise LockError(
                 f"{source} line {number}: {requirement} has no --hash; the lock is installed with hash "
-                "checking (pip --require-hashes), so every pin needs the sha256 of its files: " + _RESOLVE_HINT
+                "checking (pip --require-hashes), so every pin needs the sha256 of its files: "
+                f"{_RESOLVE_HINT}"
             )
         if name in pins:
             if pins[name] != version:
                 raise LockError(
-                    f"{source} line {number}: {match.group('name')} is pinned twice ({pins[name]} and {version})"
+                    f"{source} line {number}: {match.group('name')} is pinned twice "
+                    f"({pins[name]} and {version})"
                 )
             hashes[name] = sorted(set(hashes[name]) | set(line_hashes))
             lines[list(pins).index(name)] = _requirement_line(requirement, hashes[name])
@@ -174,10 +178,10 @@ def requirements_text(lock, names=None):
     """A requirements file for pip/uv holding the lock's pins (only `names`, normalized, when given), each
     with its --hash options on continuation lines, as `uv pip compile --generate-hashes` writes them."""
     chosen = []
-    for name, line in zip(lock["pins"], lock["lines"]):
+    for index, name in enumerate(lock["pins"]):  # lines are in pin order, one per pin
         if names is not None and name not in names:
             continue
-        requirement, _, _ = line.partition(" --hash=")
+        requirement, _, _ = lock["lines"][index].partition(" --hash=")
         chosen.append(" \\\n    ".join([requirement, *(f"--hash={h}" for h in lock["hashes"][name])]))
     return "".join(entry + "\n" for entry in chosen)
 
@@ -407,7 +411,7 @@ def classify_install_failure(output, env_name, index, offline, wheelhouse):
         )
     mismatch = hash_mismatch(text)
     if mismatch:
-        where = f"the wheelhouse {wheelhouse}" if offline else "the index {}".format(index or "(pip's default)")
+        where = f"the wheelhouse {wheelhouse}" if offline else f"the index {index or '(pip default)'}"
         return hash_mismatch_message(mismatch, env_name, where, offline)
     missing = _HASH_MISSING.search(text)
     if missing:
