@@ -11,7 +11,7 @@ description:
   - Runs on the controller. Lists the pins of the lock that O(dest) has no wheel or sdist for; with
     O(build=true) downloads exactly those with C(pip download --no-deps --only-binary=:all:) for the
     lock's target Python and platform (read from the lock header), so hosts without an index can
-    install with C(--no-index). The download runs in pip's hash-checking mode (C(--require-hashes)): a
+    install with C(--no-index). The download runs in pip's hash-checking mode (C(--require-hashes)), so a
     file whose sha256 the lock does not list is refused. A complete wheelhouse is left alone
     (changed=false, no network).
   - With O(build=false) a missing wheel is an error that names every missing pin.
