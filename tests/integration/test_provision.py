@@ -328,6 +328,26 @@ def test_unreachable_index(site: dict, restore_lock: None) -> None:
     _assert_venv_intact(site, site["target"])
 
 
+def test_pinned_extra_packages_go_on_top_of_the_hashed_lock(site: dict, restore_lock: None) -> None:
+    # iniconfig has no dependencies and is not in the demo lock: installed after the hash-checked lock,
+    # without dependencies, from the wheelhouse the role fills with it. One that repins the lock is refused.
+    _broken_lock(site, (ROOT / "envs" / "demo.lock").read_text())
+    extras = '{"regen_demo_packages": ["iniconfig==2.3.1", "tiktoken==0.14.0"]}'
+    _, built = _local(site, "-e", extras)
+    assert built["localhost"]["failed"] == 0 and built["localhost"]["changed"] >= 1
+    manifest = json.loads((site["artifacts"] / "provision" / "localhost" / "demo.json").read_text())
+    assert manifest["packages"]["iniconfig"] == "2.3.1" and manifest["packages"]["tiktoken"] == "0.14.0"
+    site["target"] = os.readlink(site["venv"])
+    _, again = _local(site, "-e", extras)
+    assert again["localhost"]["changed"] == 0
+
+    output, recap = _local(site, "-e", '{"regen_demo_packages": ["tqdm==4.67.1"]}', check=False)
+    assert recap["localhost"]["failed"] == 1
+    [msg] = [m for m in _failure_messages(output) if "conflicts with the lock" in m]
+    assert "regen_demo_packages: 'tqdm==4.67.1' conflicts with the lock, which pins tqdm==4.70.1" in msg
+    _assert_venv_intact(site, site["target"])
+
+
 # -- the production example --------------------------------------------------------------------------
 
 
