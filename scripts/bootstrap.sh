@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds (or reuses) the project's controller virtualenv in .venv from requirements/controller.lock.
+# Builds (or reuses) the project's controller virtualenv in .venv from requirements/controller.lock
+# (hashed: installed with pip --require-hashes), then regen itself as an editable install.
 # The venv is rebuilt only when the lock, pyproject.toml or requirements.yml changed: a marker file
 # holds their combined hash, so re-running this is a few milliseconds on an unchanged checkout.
 set -euo pipefail
@@ -18,7 +19,15 @@ echo "bootstrap: building $VENV from requirements/controller.lock (once per lock
 "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), f"regen needs Python >= 3.11, found {sys.version.split()[0]}"'
 [ -d "$VENV" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade 'pip==26.3'
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements/controller.lock
+# Hash-checking mode: every file pip fetches must match a sha256 the lock recorded when it was resolved.
+# torch's CPU build is not on PyPI: pip finds it where its find-links point (this workplace's machines set
+# PIP_FIND_LINKS=/opt/wheels); with none configured, the PyTorch CPU index's page for torch (the hash in
+# the lock still decides which file is accepted).
+if [ -z "${PIP_FIND_LINKS:-}" ] && ! "$VENV/bin/python" -m pip config list 2>/dev/null | grep -q 'find-links'; then
+  export PIP_FIND_LINKS=https://download.pytorch.org/whl/cpu/torch/
+fi
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes \
+  -r requirements/controller.lock
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 
 # Collections: only what requirements.yml pins, into a project-local path that ansible.cfg reads.

@@ -74,6 +74,38 @@ def _local(site: dict, *extra: str, check: bool = True) -> tuple[str, dict]:
     )
 
 
+def _lock_entry(name: str) -> re.Pattern[str]:
+    """One pin of a hashed lock: its requirement line and the --hash continuation lines under it."""
+    return re.compile(rf"(?m)^{re.escape(name)}==\S+(?: \\\n[ \t]+--hash=\S+)+\n")
+
+
+def _lock_without(text: str, name: str) -> str:
+    lock, removed = _lock_entry(name).subn("", text)
+    assert removed == 1, name
+    return lock
+
+
+def _lock_repinned(text: str, name: str, version: str, uv: Path) -> str:
+    """The lock with `name` moved to `version`, carrying that version's real hashes (uv resolves them from
+    the index, as envs/resolve.sh does), so the hash-checked install accepts it."""
+    entry = subprocess.run(
+        [str(uv), "pip", "compile", "-", "--generate-hashes", "--no-deps", "--no-header", "--no-annotate"],
+        input=f"{name}=={version}\n",
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    assert entry.startswith(f"{name}=={version} \\\n"), entry
+    lock, replaced = _lock_entry(name).subn(lambda _: entry, text)
+    assert replaced == 1, name
+    return lock
+
+
+def _lock_pins(text: str) -> dict[str, str]:
+    return dict(re.findall(r"(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", text))
+
+
 def _failure_messages(output: str) -> list[str]:
     return [json.loads('"' + m + '"') for m in re.findall(r'"msg": "((?:[^"\\]|\\.)*)"', output)]
 
@@ -105,10 +137,12 @@ def test_local_converge_then_idempotent(site: dict) -> None:
     site["target"] = target
 
 
-def test_changed_lock_check_mode_reports_then_update_switches(site: dict, tmp_path: Path) -> None:
+def test_changed_lock_check_mode_reports_then_update_switches(
+    site: dict, tmp_path: Path, uv_binary: Path
+) -> None:
     lock = site["locks"] / "demo.lock"
     original = lock.read_text()
-    lock.write_text(original.replace("tqdm==4.70.1", "tqdm==4.67.1"))
+    lock.write_text(_lock_repinned(original, "tqdm", "4.67.1", uv_binary))
     # The update also makes the regen package importable in the venv (as the serving venv has it), from a
     # private copy of the sources so that edits to the checkout during the test do not count as changes.
     sources = tmp_path / "src" / "regen"
@@ -190,17 +224,39 @@ def test_python_too_old(site: dict, restore_lock: None) -> None:
 def test_lock_that_does_not_resolve(site: dict, restore_lock: None) -> None:
     # `regex` is what tiktoken and transformers need; a lock without it cannot be consistent. The pins are
     # all in the wheelhouse, so only the consistency check (pip check) can catch it.
-    lock = "\n".join(
-        line
-        for line in (ROOT / "envs" / "demo.lock").read_text().splitlines()
-        if not line.startswith("regex==")
-    )
-    _broken_lock(site, lock + "\n")
+    _broken_lock(site, _lock_without((ROOT / "envs" / "demo.lock").read_text(), "regex"))
     output, recap = _local(site, check=False)
     assert recap["localhost"]["failed"] == 1
     [msg] = [m for m in _failure_messages(output) if "does not resolve" in m]
     assert "the lock of environment 'demo' does not resolve" in msg and "regex" in msg, msg
     assert "previous venv left in place" in msg
+    _assert_venv_intact(site, site["target"])
+
+
+def test_a_file_the_lock_has_no_hash_for_is_refused(site: dict, restore_lock: None) -> None:
+    # The wheelhouse holds tqdm 4.70.1 as published; a lock that lists other hashes for that pin must make
+    # the hash-checked install refuse that file (and name it), and the working venv must stay.
+    text = (ROOT / "envs" / "demo.lock").read_text()
+    [tqdm] = _lock_entry("tqdm").findall(text)
+    forged = re.sub(r"sha256:[0-9a-f]{64}", "sha256:" + "0" * 64, tqdm)
+    _broken_lock(site, text.replace(tqdm, forged))
+    output, recap = _local(site, check=False)
+    assert recap["localhost"]["failed"] == 1
+    [msg] = [m for m in _failure_messages(output) if "was resolved to" in m]
+    assert re.search(
+        r"the file for tqdm==4\.70\.1 from the wheelhouse \S+/demo .*is not one the lock of environment "
+        r"'demo' was resolved to: its sha256 [0-9a-f]{64} is not among the lock's hashes",
+        msg,
+    ), msg
+    assert "previous venv left in place" in msg
+    _assert_venv_intact(site, site["target"])
+
+
+def test_an_extra_package_that_is_not_pinned_names_its_variable(site: dict) -> None:
+    output, recap = _local(site, "-e", '{"regen_demo_packages": ["sentencepiece"]}', check=False)
+    assert recap["localhost"]["failed"] == 1
+    [msg] = [m for m in _failure_messages(output) if "is not pinned" in m]
+    assert "regen_demo_packages: 'sentencepiece' is not pinned" in msg, msg
     _assert_venv_intact(site, site["target"])
 
 
@@ -269,6 +325,26 @@ def test_unreachable_index(site: dict, restore_lock: None) -> None:
     assert recap["localhost"]["failed"] == 1
     [msg] = [m for m in _failure_messages(output) if "cannot be reached" in m]
     assert "the package index http://127.0.0.1:9/simple cannot be reached" in msg, msg
+    _assert_venv_intact(site, site["target"])
+
+
+def test_pinned_extra_packages_go_on_top_of_the_hashed_lock(site: dict, restore_lock: None) -> None:
+    # iniconfig has no dependencies and is not in the demo lock: installed after the hash-checked lock,
+    # without dependencies, from the wheelhouse the role fills with it. One that repins the lock is refused.
+    _broken_lock(site, (ROOT / "envs" / "demo.lock").read_text())
+    extras = '{"regen_demo_packages": ["iniconfig==2.3.1", "tiktoken==0.14.0"]}'
+    _, built = _local(site, "-e", extras)
+    assert built["localhost"]["failed"] == 0 and built["localhost"]["changed"] >= 1
+    manifest = json.loads((site["artifacts"] / "provision" / "localhost" / "demo.json").read_text())
+    assert manifest["packages"]["iniconfig"] == "2.3.1" and manifest["packages"]["tiktoken"] == "0.14.0"
+    site["target"] = os.readlink(site["venv"])
+    _, again = _local(site, "-e", extras)
+    assert again["localhost"]["changed"] == 0
+
+    output, recap = _local(site, "-e", '{"regen_demo_packages": ["tqdm==4.67.1"]}', check=False)
+    assert recap["localhost"]["failed"] == 1
+    [msg] = [m for m in _failure_messages(output) if "conflicts with the lock" in m]
+    assert "regen_demo_packages: 'tqdm==4.67.1' conflicts with the lock, which pins tqdm==4.70.1" in msg
     _assert_venv_intact(site, site["target"])
 
 
@@ -388,14 +464,7 @@ def test_uv_installer_builds_the_same_set(tmp_path: Path, demo_model_dir: Path, 
     manifest = json.loads((site["artifacts"] / "provision" / "localhost" / "demo.json").read_text())
     assert manifest["installer"] == "uv"
     assert manifest["tokenizer"]["ok"] is True
-    lock = {
-        k: v
-        for k, v in (
-            line.split("==")
-            for line in (ROOT / "envs" / "demo.lock").read_text().splitlines()
-            if "==" in line and not line.startswith("#")
-        )
-    }
+    lock = _lock_pins((ROOT / "envs" / "demo.lock").read_text())
     assert {k: manifest["packages"][k] for k in lock} == lock  # exactly the pins, nothing else resolved
     _, second = _local(site, *extra)
     assert second["localhost"]["changed"] == 0

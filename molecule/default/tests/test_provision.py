@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,10 +87,11 @@ def test_offline_mode_used_the_copied_wheelhouse(host) -> None:
 @pytest.fixture(scope="module")
 def lock_without_tiktoken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lock = (PROJECT / "envs" / "demo.lock").read_text()
-    kept = [line for line in lock.splitlines() if not line.startswith("tiktoken==")]
-    assert len(kept) == len(lock.splitlines()) - 1
+    # The whole hashed entry goes: the requirement line and the --hash lines that continue it.
+    kept, removed = re.subn(r"(?m)^tiktoken==\S+(?: \\\n[ \t]+--hash=\S+)+\n", "", lock)
+    assert removed == 1
     path = tmp_path_factory.mktemp("locks") / "demo-without-tiktoken.lock"
-    path.write_text("\n".join(kept) + "\n")
+    path.write_text(kept)
     return path
 
 

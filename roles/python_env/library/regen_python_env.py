@@ -37,7 +37,10 @@ options:
     type: str
     default: ''
   extra_packages:
-    description: Requirements installed on top of the lock, constrained by it.
+    description:
+      - Packages installed on top of the lock, each pinned C(name==version). The lock is installed with
+        hash checking, so these go in a second install without dependencies; one that repins a package
+        of the lock, or is not pinned, is an error that names O(remedy_variable).
     type: list
     elements: str
     default: []
@@ -172,10 +175,10 @@ from ansible.module_utils.regen_python_env import (
     STATE_DIR,
     LockError,
     build_dir_for,
+    check_extras,
     classify_install_failure,
     fingerprint,
     manifest,
-    parse_extra,
     parse_lock,
     parse_probe_output,
     pins_diff,
@@ -249,6 +252,7 @@ class Environment:
             "lock_source": p["lock_source"],
         }
         self.installer = "pip"
+        self.extras = []  # the pinned extra packages not in the lock (check_extras), set by run()
         self.base_env = dict(os.environ)
         self.base_env.update({k: str(v) for k, v in (p["environment"] or {}).items()})
         self.base_env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
@@ -328,18 +332,20 @@ class Environment:
             args += ["--index-url", self.p["index_url"]]
         return args
 
-    def install_cmds(self, venv_dir, lock_path, constraints_path):
+    def install_cmds(self, venv_dir, lock_path, extras):
+        """The installs of a build: the lock in hash-checking mode (every file must match a hash the lock
+        recorded), then the pinned extras without dependencies (the lock has no hash for them, and hash
+        checking could not resolve anything); and the consistency check that follows."""
         python = self.python_of(venv_dir)
-        extras = self.p["extra_packages"]
         if self.installer == "uv":
             base = [self.uv_path, "pip", "install", "--python", python, *self.index_args()]
             if self.p["offline"]:
                 base.append("--offline")
             if self.p["compile_bytecode"]:
                 base.append("--compile-bytecode")
-            cmds = [[*base, "--no-deps", "-r", lock_path]]
+            cmds = [[*base, "--require-hashes", "--no-deps", "-r", lock_path]]
             if extras:
-                cmds.append([*base, "-c", constraints_path, *list(extras)])
+                cmds.append([*base, "--no-deps", *extras])
             return cmds, [self.uv_path, "pip", "check", "--python", python]
         base = [
             python,
@@ -359,9 +365,9 @@ class Environment:
             # Like uv's default: byte-compiling thousands of files at install time triples the install
             # time; Python compiles what is actually imported on first use.
             base.append("--no-compile")
-        cmds = [[*base, "--no-deps", "-r", lock_path]]
+        cmds = [[*base, "--require-hashes", "--no-deps", "-r", lock_path]]
         if extras:
-            cmds.append([*base, "-c", constraints_path, *list(extras)])
+            cmds.append([*base, "--no-deps", *extras])
         return cmds, [python, "-m", "pip", "check"]
 
     def create_venv(self, python, venv_dir):
@@ -386,8 +392,7 @@ class Environment:
             return self.run_verify_only()
         try:
             lock = parse_lock(p["lock"], p["lock_source"] or f"lock of {self.name}")
-            for spec in p["extra_packages"]:
-                parse_extra(spec)
+            self.extras = check_extras(p["extra_packages"], lock, p["remedy_variable"])
         except LockError as exc:
             raise EnvFailure(f"environment '{self.name}': {exc}") from None
 
@@ -450,7 +455,8 @@ class Environment:
         if current and ours:
             old_lock = _read(os.path.join(current, STATE_DIR, LOCK_FILE)) or ""
             try:
-                old_pins = parse_lock(old_lock)["pins"] if old_lock.strip() else {}
+                # A venv built before the locks carried hashes has an unhashed record; its pins still count.
+                old_pins = parse_lock(old_lock, require_hashes=False)["pins"] if old_lock.strip() else {}
             except LockError:
                 old_pins = {}
         diff_lines = pins_diff(old_pins, lock["pins"])
@@ -532,11 +538,9 @@ class Environment:
         os.makedirs(state, exist_ok=True)
         lock_path = os.path.join(state, LOCK_FILE)
         _write_atomic(lock_path, p["lock"] if p["lock"].endswith("\n") else p["lock"] + "\n")
-        constraints_path = os.path.join(state, "constraints.txt")
-        _write_atomic(constraints_path, "\n".join(lock["lines"]) + "\n")
         if p["extra_paths"]:
             self.write_pth(new_dir)
-        installs, check = self.install_cmds(new_dir, lock_path, constraints_path)
+        installs, check = self.install_cmds(new_dir, lock_path, self.extras)
         index = "wheelhouse {}".format(p["wheelhouse"]) if p["offline"] else p["index_url"]
         for argv in installs:
             rc, out = _run(argv, p["timeout"], env=self.base_env)
@@ -549,10 +553,16 @@ class Environment:
         rc, out = _run(check, 600, env=self.base_env)
         problems = pip_check_problems(out)
         if rc != 0 or problems:
+            extras_hint = (
+                " (the extra packages {} are installed without dependencies: list what they need beyond the "
+                "lock in {} too)".format(", ".join(self.extras), p["remedy_variable"] or "extra_packages")
+                if self.extras
+                else ""
+            )
             raise EnvFailure(
                 "the lock of environment '{}' does not resolve: its pinned packages are inconsistent "
-                "({}); re-resolve it with envs/resolve.sh [previous venv left in place]".format(
-                    self.name, "; ".join(problems[:8]) or tail(out)
+                "({}); re-resolve it with envs/resolve.sh{} [previous venv left in place]".format(
+                    self.name, "; ".join(problems[:8]) or tail(out), extras_hint
                 ),
                 output_tail=tail(out, 30),
             )

@@ -11,7 +11,9 @@ description:
   - Runs on the controller. Lists the pins of the lock that O(dest) has no wheel or sdist for; with
     O(build=true) downloads exactly those with C(pip download --no-deps --only-binary=:all:) for the
     lock's target Python and platform (read from the lock header), so hosts without an index can
-    install with C(--no-index). A complete wheelhouse is left alone (changed=false, no network).
+    install with C(--no-index). The download runs in pip's hash-checking mode (C(--require-hashes)), so a
+    file whose sha256 the lock does not list is refused. A complete wheelhouse is left alone
+    (changed=false, no network).
   - With O(build=false) a missing wheel is an error that names every missing pin.
 options:
   name:
@@ -27,10 +29,15 @@ options:
     type: str
     default: ''
   extra_packages:
-    description: Extra requirements, downloaded with their dependencies under the lock's constraints.
+    description: Extra packages, each pinned C(name==version), downloaded without dependencies (as they are
+      installed).
     type: list
     elements: str
     default: []
+  remedy_variable:
+    description: The inventory variable a user edits to change the extra packages (named in messages).
+    type: str
+    default: ''
   dest:
     description: Wheelhouse directory.
     type: path
@@ -72,8 +79,12 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.regen_python_env import (
     LockError,
+    check_extras,
     download_platforms,
+    hash_mismatch,
+    hash_mismatch_message,
     parse_lock,
+    requirements_text,
     tail,
     wheelhouse_missing,
 )
@@ -86,6 +97,7 @@ def main():
             lock=dict(type="str", required=True),
             lock_source=dict(type="str", default=""),
             extra_packages=dict(type="list", elements="str", default=[]),
+            remedy_variable=dict(type="str", default=""),
             dest=dict(type="path", required=True),
             build=dict(type="bool", default=True),
             pip=dict(type="str", default="python3"),
@@ -96,6 +108,7 @@ def main():
     p = module.params
     try:
         lock = parse_lock(p["lock"], p["lock_source"] or "lock of {}".format(p["name"]))
+        extras = check_extras(p["extra_packages"], lock, p["remedy_variable"])
     except LockError as exc:
         module.fail_json(msg="environment '{}': {}".format(p["name"], exc))
     existing = os.listdir(p["dest"]) if os.path.isdir(p["dest"]) else []
@@ -146,34 +159,34 @@ def main():
     ]
     if p["index_url"]:
         base += ["--index-url", p["index_url"]]
+    # The missing pins with their hashes: pip downloads in hash-checking mode and refuses a file the lock
+    # has no hash for, so the wheelhouse only ever holds the files the lock was resolved to.
+    missing_names = {pin.split("==", 1)[0] for pin in missing}
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
-        handle.write(
-            "\n".join("{}=={}".format(*kv) for kv in lock["pins"].items() if "{}=={}".format(*kv) in missing)
-            + "\n"
-        )
+        handle.write(requirements_text(lock, missing_names))
         needed = handle.name
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
-        handle.write("\n".join(lock["lines"]) + "\n")
-        constraints = handle.name
     try:
         runs = []
         if missing:
-            runs.append([*base, "--no-deps", "-r", needed])
-        if p["extra_packages"]:
-            runs.append([*base, "-c", constraints, *list(p["extra_packages"])])
+            runs.append([*base, "--require-hashes", "--no-deps", "-r", needed])
+        if extras:
+            runs.append([*base, "--no-deps", *extras])
         for argv in runs:
             proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
             out = proc.stdout.decode("utf-8", "replace")
             if proc.returncode != 0:
+                mismatch = hash_mismatch(out)
+                where = "the index {}".format(p["index_url"] or "(pip's default)")
                 module.fail_json(
                     msg="building the wheelhouse {} for environment '{}' failed: {}".format(
-                        p["dest"], p["name"], tail(out)
+                        p["dest"],
+                        p["name"],
+                        hash_mismatch_message(mismatch, p["name"], where, False) if mismatch else tail(out),
                     ),
                     missing=missing,
                 )
     finally:
         os.unlink(needed)
-        os.unlink(constraints)
     if p["extra_packages"]:
         with open(extras_marker, "w") as handle:
             handle.write(extras_text)

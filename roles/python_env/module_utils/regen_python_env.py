@@ -38,8 +38,14 @@ _PIN = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<extras>\[[^\]]*\])?\s*==\s*(?P<version>[^\s;#]+)"
     r"\s*(?P<marker>;[^#]*)?(?:#.*)?$"
 )
+# pip's hash options (`--hash=sha256:<hex>`, also `--hash sha256:<hex>`) and the digest lengths of the
+# algorithms pip accepts in hash-checking mode.
+_HASH = re.compile(r"^--hash(?:=|\s+)(?P<algorithm>[a-z0-9]+):(?P<digest>\S+)$")
+_DIGEST_LENGTH = {"sha256": 64, "sha384": 96, "sha512": 128}
+_COMMENT = re.compile(r"(^|\s)#.*$")
 _REQUIRES_PYTHON = re.compile(r"^#\s*requires-python:\s*(?P<spec>\S.*?)\s*$")
 _RESOLVED_FOR = re.compile(r"^#\s*resolved-with:.*python (?P<python>\d+\.\d+), platform (?P<platform>\S+)")
+_RESOLVE_HINT = "re-resolve the lock (envs/resolve.sh: uv pip compile --generate-hashes)"
 
 
 class LockError(ValueError):
@@ -51,56 +57,133 @@ def normalize_name(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def parse_lock(text, source="lock"):
-    """Parse a pinned requirements lock.
-
-    Returns {"pins": {normalized name: version}, "lines": [requirement lines], "requires_python": spec
-    or None, "python": "X.Y" or None, "platform": str or None}. Every requirement must be pinned with
-    `==`: a range is not a lock, and installing one would make two hosts differ.
-    """
-    pins = {}
-    lines = []
-    requires_python = python = platform = None
+def _logical_lines(text):
+    """(first physical line number, header comment or None, requirement text) per logical line, the way
+    pip reads a requirements file: a trailing backslash continues a line, `#` starts a comment."""
+    number, pending, first = 0, "", None
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line:
+        if raw.strip().startswith("#"):
+            if not pending:
+                yield number, raw.strip(), ""
             continue
-        if line.startswith("#"):
-            match = _REQUIRES_PYTHON.match(line)
+        line = _COMMENT.sub("", raw).strip()
+        if first is None:
+            first = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical = (pending + line).strip()
+        pending, start, first = "", first, None
+        if logical:
+            yield start, None, logical
+    if pending.strip():
+        yield first or number, None, pending.strip()
+
+
+def _split_hashes(logical, source, number):
+    """The requirement part of a logical line and the hashes its `--hash` options give."""
+    requirement, _, options = logical.partition(" --")
+    options = ("--" + options) if options else ""
+    hashes = []
+    for option in re.split(r"\s+(?=--)", options) if options else []:
+        match = _HASH.match(option.strip())
+        if not match:
+            raise LockError(
+                f"{source} line {number}: {option.strip()!r} is a pip option; a lock holds only pinned "
+                "requirements and their --hash values (index and wheelhouse settings are role variables)"
+            )
+        algorithm, digest = match.group("algorithm"), match.group("digest")
+        length = _DIGEST_LENGTH.get(algorithm)
+        if length is None or not re.fullmatch(f"[0-9a-f]{{{length}}}", digest):
+            raise LockError(
+                f"{source} line {number}: {option.strip()!r} is not a digest pip can check (sha256, sha384 "
+                "or sha512, then the digest in lowercase hex); " + _RESOLVE_HINT
+            )
+        hashes.append(f"{algorithm}:{digest}")
+    return requirement.strip(), hashes
+
+
+def parse_lock(text, source="lock", require_hashes=True):
+    """Parse a pinned, hashed requirements lock (what `uv pip compile --generate-hashes` writes).
+
+    Returns {"pins": {normalized name: version}, "hashes": {normalized name: [algorithm:digest]},
+    "lines": [one line per pin: the requirement and its --hash options, sorted], "requires_python":
+    spec or None, "python": "X.Y" or None, "platform": str or None}. Every requirement must be pinned
+    with `==` (a range is not a lock, and installing one would make two hosts differ) and, unless
+    require_hashes is false (an old venv's record), carry the hashes of its files: the role installs
+    with `pip install --require-hashes`, where one pin without a hash fails the whole install.
+    """
+    pins, hashes, lines = {}, {}, []
+    requires_python = python = platform = None
+    for number, comment, line in _logical_lines(text):
+        if comment is not None:
+            match = _REQUIRES_PYTHON.match(comment)
             if match:
                 requires_python = match.group("spec")
-            match = _RESOLVED_FOR.match(line)
+            match = _RESOLVED_FOR.match(comment)
             if match:
                 python, platform = match.group("python"), match.group("platform")
             continue
         if line.startswith("-"):
-            raise LockError(
-                f"{source} line {number}: {line!r} is a pip option; a lock holds only pinned requirements "
-                "(index and wheelhouse settings are role variables)"
+            what = (
+                "a --hash without a requirement (the line above it lost its trailing backslash, or its "
+                "requirement line was removed)"
+                if line.startswith("--hash")
+                else "a pip option; a lock holds only pinned requirements (index and wheelhouse settings "
+                "are role variables)"
             )
-        match = _PIN.match(line)
+            raise LockError(f"{source} line {number}: {line[:80]!r} is {what}")
+        requirement, line_hashes = _split_hashes(line, source, number)
+        match = _PIN.match(requirement)
         if not match:
             raise LockError(
-                f"{source} line {number}: {line!r} is not pinned with '=='; re-resolve the lock "
-                "(envs/resolve.sh)"
+                f"{source} line {number}: {requirement!r} is not pinned with '=='; {_RESOLVE_HINT}"
             )
-        name = normalize_name(match.group("name"))
-        if name in pins and pins[name] != match.group("version"):
+        name, version = normalize_name(match.group("name")), match.group("version")
+        if require_hashes and not line_hashes:
             raise LockError(
-                f"{source} line {number}: {match.group('name')} is pinned twice "
-                f"({pins[name]} and {match.group('version')})"
+                f"{source} line {number}: {requirement} has no --hash; the lock is installed with hash "
+                "checking (pip --require-hashes), so every pin needs the sha256 of its files: "
+                f"{_RESOLVE_HINT}"
             )
-        pins[name] = match.group("version")
-        lines.append(line.split("#", 1)[0].strip())
+        if name in pins:
+            if pins[name] != version:
+                raise LockError(
+                    f"{source} line {number}: {match.group('name')} is pinned twice "
+                    f"({pins[name]} and {version})"
+                )
+            hashes[name] = sorted(set(hashes[name]) | set(line_hashes))
+            lines[list(pins).index(name)] = _requirement_line(requirement, hashes[name])
+            continue
+        pins[name] = version
+        hashes[name] = sorted(set(line_hashes))
+        lines.append(_requirement_line(requirement, hashes[name]))
     if not pins:
         raise LockError(f"{source} holds no pinned requirement")
     return {
         "pins": pins,
+        "hashes": hashes,
         "lines": lines,
         "requires_python": requires_python,
         "python": python,
         "platform": platform,
     }
+
+
+def _requirement_line(requirement, hashes):
+    return " ".join([requirement, *(f"--hash={digest}" for digest in hashes)])
+
+
+def requirements_text(lock, names=None):
+    """A requirements file for pip/uv holding the lock's pins (only `names`, normalized, when given), each
+    with its --hash options on continuation lines, as `uv pip compile --generate-hashes` writes them."""
+    chosen = []
+    for index, name in enumerate(lock["pins"]):  # lines are in pin order, one per pin
+        if names is not None and name not in names:
+            continue
+        requirement, _, _ = lock["lines"][index].partition(" --hash=")
+        chosen.append(" \\\n    ".join([requirement, *(f"--hash={h}" for h in lock["hashes"][name])]))
+    return "".join(entry + "\n" for entry in chosen)
 
 
 def parse_extra(spec):
@@ -112,6 +195,36 @@ def parse_extra(spec):
     if not match:
         raise LockError(f"extra package {spec!r} is not a requirement")
     return normalize_name(match.group(1)), None
+
+
+def check_extras(extras, lock, variable=""):
+    """The extra packages to install on top of a hashed lock, or a LockError naming `variable`.
+
+    A hashed lock is installed with pip's hash checking, which cannot resolve anything it holds no hash
+    for. So extras go in a second install without dependencies: each must be pinned `name==version`, must
+    not repin a package of the lock, and whatever it needs beyond the lock must be an extra too (the
+    `pip check` after the install names what is missing). Returns the `name==version` lines to install
+    (an extra the lock already pins at that version adds nothing and is dropped)."""
+    where = variable or "extra_packages of this entry in python_env_envs"
+    wanted = []
+    for spec in extras:
+        name, version = parse_extra(spec)
+        if version is None:
+            raise LockError(
+                f"{where}: {spec!r} is not pinned; the lock is installed with hash checking, so an extra "
+                f"package must be pinned exactly ('{name}==<version>', with every dependency it needs beyond "
+                "the lock listed too), or added to the environment's .in file and resolved into its lock "
+                "(envs/resolve.sh)"
+            )
+        locked = lock["pins"].get(name)
+        if locked is not None and locked != version:
+            raise LockError(
+                f"{where}: {spec!r} conflicts with the lock, which pins {name}=={locked}; drop the extra, or "
+                "change the pin in the environment's .in file and re-resolve its lock (envs/resolve.sh)"
+            )
+        if locked is None:
+            wanted.append(spec.strip())
+    return wanted
 
 
 def fingerprint(lock_lines, extra_packages=(), python_version="", extra_paths=()):
@@ -240,6 +353,52 @@ _UV_NO_MATCH = re.compile(
     r"provided package locations)"
 )
 _NO_SPACE = re.compile(r"(No space left on device|\[Errno 28\])")
+# Hash-checking mode refused a file: pip's "THESE PACKAGES DO NOT MATCH THE HASHES" block (the requirement,
+# where the file came from, the expected digests, "Got <digest>") and uv's "Hash mismatch for `req`".
+_PIP_HASH_MISMATCH = re.compile(
+    r"DO NOT MATCH THE HASHES.*?^\s+(?P<req>\S+==\S+) from (?P<origin>\S+?)(?: \(from [^\n]*\))?:[ \t]*$"
+    r".*?\bGot\s+(?P<got>[0-9a-f]+)",
+    re.S | re.M,
+)
+_UV_HASH_MISMATCH = re.compile(
+    r"Hash mismatch for `(?P<req>[^`]+)`.*?Computed:\s*(?:\w+:)?(?P<got>[0-9a-f]+)", re.S
+)
+_HASH_MISSING = re.compile(
+    r"(?:Hashes are required in --require-hashes mode.*?^\s+(?P<pip>\S+==\S+)|"
+    r"all requirements must have a hash, but none were provided for: (?P<uv>\S+))",
+    re.S | re.M,
+)
+
+
+def hash_mismatch(output):
+    """{"requirement", "got", "origin"} when pip or uv refused a file in hash-checking mode, else None."""
+    text = output or ""
+    match = _PIP_HASH_MISMATCH.search(text)
+    if match:
+        return {"requirement": match.group("req"), "got": match.group("got"), "origin": match.group("origin")}
+    match = _UV_HASH_MISMATCH.search(text)
+    if match:
+        return {"requirement": match.group("req"), "got": match.group("got"), "origin": None}
+    return None
+
+
+def hash_mismatch_message(mismatch, env_name, where, offline):
+    """What to do about a file whose sha256 the lock does not list (`where`: the wheelhouse or index)."""
+    origin = " ({})".format(mismatch["origin"]) if mismatch.get("origin") else ""
+    head = (
+        "the file for {req} from {where}{origin} is not one the lock of environment '{env}' was resolved "
+        "to: its sha256 {got} is not among the lock's hashes for that pin (pip --require-hashes refused it); "
+    ).format(req=mismatch["requirement"], where=where, origin=origin, env=env_name, got=mismatch["got"])
+    if offline:
+        return head + (
+            "delete that file from the controller's wheelhouse so the role downloads the locked one again "
+            "(python_env_wheelhouse_build: true), or put the locked file there"
+        )
+    return head + (
+        "the index serves other bytes for that version than the ones the lock was resolved against (a mirror "
+        "that rebuilt it, or tampering): point python_env_index_url at an index that serves the published "
+        "files, or re-resolve the lock (envs/resolve.sh) against this index if you trust it"
+    )
 
 
 def classify_install_failure(output, env_name, index, offline, wheelhouse):
@@ -249,6 +408,18 @@ def classify_install_failure(output, env_name, index, offline, wheelhouse):
         return (
             f"the disk filled up while installing environment '{env_name}' (No space left on device); "
             "free space or raise min_free_mb of the entry so the check catches it before installing"
+        )
+    mismatch = hash_mismatch(text)
+    if mismatch:
+        where = f"the wheelhouse {wheelhouse}" if offline else f"the index {index or '(pip default)'}"
+        return hash_mismatch_message(mismatch, env_name, where, offline)
+    missing = _HASH_MISSING.search(text)
+    if missing:
+        return (
+            "{} has no --hash in the lock of environment '{}', and hash checking needs one for every pin; "
+            "re-resolve the lock (envs/resolve.sh: uv pip compile --generate-hashes)".format(
+                missing.group("pip") or missing.group("uv"), env_name
+            )
         )
     if offline:
         match = _NO_MATCH.search(text) or _UV_NO_MATCH.search(text)
