@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: regen_wheelhouse
+module: wheelhouse
 short_description: Fill (or check) a wheelhouse with the wheels a pinned lock needs
 description:
   - Runs on the controller. Lists the pins of the lock that O(dest) has no wheel or sdist for; with
@@ -52,7 +52,7 @@ author: regen
 
 EXAMPLES = r"""
 - name: Fill the demo wheelhouse
-  regen_wheelhouse:
+  wheelhouse:
     name: demo
     lock: "{{ lookup('ansible.builtin.file', 'envs/demo.lock') }}"
     dest: .cache/wheelhouse/demo
@@ -70,7 +70,7 @@ import sys
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_python_env import (
+from ansible.module_utils.regen_venv import (
     LockError,
     download_platforms,
     parse_lock,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: regen_python_env
+module: python_venv
 short_description: Build a venv from a pinned lock into a new directory, verify it, then switch to it
 description:
   - The environment lives at O(path), a symlink to C(<path>.regen-<fingerprint>). A fingerprint of the
@@ -121,7 +121,7 @@ author: regen
 
 EXAMPLES = r"""
 - name: Build the demo environment
-  regen_python_env:
+  python_venv:
     name: demo
     path: /root/venvs/demo
     lock: "{{ lookup('ansible.builtin.file', 'envs/demo.lock') }}"
@@ -164,7 +164,7 @@ import sys
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_python_env import (
+from ansible.module_utils.regen_venv import (
     FINGERPRINT_FILE,
     LOCK_FILE,
     MANIFEST_FILE,

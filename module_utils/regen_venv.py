@@ -1,7 +1,7 @@
 """Decisions behind the python_env role: lock parsing, fingerprints, wheelhouse completeness, failure
 classification and verification messages. Pure functions over strings and dicts, unit-tested directly.
 
-Standard library only, Python 3.8+: the `regen_python_env` and `regen_wheelhouse` modules ship this to
+Standard library only, Python 3.8+: the `python_venv` and `wheelhouse` modules ship this to
 whatever host they run on (a fresh LXC container has nothing but Debian's python3).
 """
 

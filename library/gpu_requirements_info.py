@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: regen_gpu_check
+module: gpu_requirements_info
 short_description: Decide whether a host's GPUs, driver and device nodes fit the pinned serving stack
 description:
   - Thin wrapper over module_utils/regen_gpu_requirements.py. Lists C(/dev) on the host for the
@@ -40,7 +40,7 @@ author: regen
 
 EXAMPLES = r"""
 - name: Check the GPU host
-  regen_gpu_check:
+  gpu_requirements_info:
     facts: "{{ _gpu.gpu }}"
     profile: gpu
     expected_count: 8

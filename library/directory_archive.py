@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: regen_dir_bundle
+module: directory_archive
 short_description: Pack a directory into a reproducible tar, rewritten only when its content changed
 description:
   - Runs on the controller. Files are added in sorted order with fixed owner, mode and mtime, and
@@ -32,7 +32,7 @@ author: regen
 
 EXAMPLES = r"""
 - name: Pack the regen package
-  regen_dir_bundle:
+  directory_archive:
     src: "{{ regen_root }}/src/regen"
     dest: "{{ regen_root }}/.cache/bundles/regen-src.tar.gz"
   delegate_to: localhost
