@@ -20,7 +20,7 @@ options:
     description: The C(architecture) document of model_config_info; omit it to only check O(overrides).
     type: dict
   tokenizer:
-    description: The C(tokenizer) document of tokenizer_info (tokenizer-dependent values are unknown without it).
+    description: The C(tokenizer) document of tokenizer_info (without it, its values are unknown).
     type: dict
   gpu:
     description: The C(gpu) document of gpu_info.
@@ -52,7 +52,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 plan:
-  description: The plan (C(serving), C(generation), C(drafter), C(warnings)); null when O(architecture) is omitted.
+  description: The plan (C(serving), C(generation), C(drafter), C(warnings)); null without O(architecture).
   returned: always
   type: dict
 """

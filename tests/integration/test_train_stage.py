@@ -24,7 +24,6 @@ from tests.helpers.ansible import ansible_env, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(ROOT / "module_utils"))
 
 
 def _play(
@@ -37,8 +36,7 @@ def _play(
 
 
 def _facts(model_dir: Path | None, config: dict, mask_id: int, gpus: int) -> dict:
-    import regen_config
-    import regen_plan
+    from ansible.module_utils import regen_config, regen_plan
 
     arch = regen_config.normalize_config(config)
     tokenizer = {"mask_token": {"id": mask_id, "reason": "test", "needs_new_token": False}}

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-from regen_pyenv import parse_probe_output, probe, summarize
+from ansible.module_utils.regen_pyenv import parse_probe_output, probe, summarize
 
 
 def test_versions_and_missing_modules() -> None:
