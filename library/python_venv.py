@@ -164,11 +164,11 @@ import sys
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_pyenv import probe_venv
 from ansible.module_utils.regen_venv import (
     FINGERPRINT_FILE,
     LOCK_FILE,
     MANIFEST_FILE,
-    PROBE_SOURCE,
     STATE_DIR,
     LockError,
     build_dir_for,
@@ -177,7 +177,6 @@ from ansible.module_utils.regen_venv import (
     manifest,
     parse_extra,
     parse_lock,
-    parse_probe_output,
     pins_diff,
     pip_check_problems,
     python_satisfies,
@@ -226,14 +225,6 @@ def _read(path):
         return None
 
 
-def _write_atomic(path, text):
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
 class Environment:
     def __init__(self, module):
         self.module = module
@@ -265,6 +256,13 @@ class Environment:
             return self.path, os.path.isdir(os.path.join(self.path, STATE_DIR))
         return None, False
 
+    def write_file(self, path, text):
+        """Write through a temporary file in the same directory and Ansible's own atomic rename."""
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        self.module.atomic_move(tmp, path)
+
     def python_of(self, venv_dir):
         return os.path.join(venv_dir, "bin", "python")
 
@@ -277,25 +275,25 @@ class Environment:
                 f"{venv_dir} has no bin/python: environment '{self.name}' is not a venv (or is broken); "
                 "remove it and re-run provisioning"
             )
-        args = {
-            "imports": self.p["verify_imports"],
-            "model_path": self.p["tokenizer_model_path"] or None,
-            "required": self.p["tokenizer_required"],
-            "torch_devices": self.p["torch_devices"],
-        }
         env = dict(self.base_env)
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
         env.pop("PYTHONPATH", None)
-        rc, out = _run([python, "-c", PROBE_SOURCE, json.dumps(args)], self.p["timeout"], env=env, cwd="/")
-        try:
-            result = parse_probe_output(out)
-        except ValueError:
-            result = None
-        if result is None:
+        result = probe_venv(
+            python,
+            imports=self.p["verify_imports"],
+            model_path=self.p["tokenizer_model_path"] or None,
+            required=self.p["tokenizer_required"],
+            torch_devices=self.p["torch_devices"],
+            timeout=self.p["timeout"],
+            env=env,
+            cwd="/",
+        )
+        if result["error"]:
             raise EnvFailure(
                 f"the interpreter of environment '{self.name}' ({python}) could not run the verification "
-                f"probe (exit {rc}): {tail(out)}"
+                f"probe: {result['error']}"
             )
+        del result["error"]
         return result
 
     def verify(self, venv_dir):
@@ -509,11 +507,11 @@ class Environment:
             shutil.rmtree(new_dir, ignore_errors=True)
             raise
         record = manifest(self.env_entry, probe, digest, self.installer)
-        _write_atomic(
+        self.write_file(
             os.path.join(new_dir, STATE_DIR, MANIFEST_FILE),
             json.dumps(record, indent=2, sort_keys=True) + "\n",
         )
-        _write_atomic(os.path.join(new_dir, STATE_DIR, FINGERPRINT_FILE), digest + "\n")
+        self.write_file(os.path.join(new_dir, STATE_DIR, FINGERPRINT_FILE), digest + "\n")
         previous = self.switch(new_dir, current, ours)
         result.update(
             state="updated" if current else "created",
@@ -531,9 +529,9 @@ class Environment:
         state = os.path.join(new_dir, STATE_DIR)
         os.makedirs(state, exist_ok=True)
         lock_path = os.path.join(state, LOCK_FILE)
-        _write_atomic(lock_path, p["lock"] if p["lock"].endswith("\n") else p["lock"] + "\n")
+        self.write_file(lock_path, p["lock"] if p["lock"].endswith("\n") else p["lock"] + "\n")
         constraints_path = os.path.join(state, "constraints.txt")
-        _write_atomic(constraints_path, "\n".join(lock["lines"]) + "\n")
+        self.write_file(constraints_path, "\n".join(lock["lines"]) + "\n")
         if p["extra_paths"]:
             self.write_pth(new_dir)
         installs, check = self.install_cmds(new_dir, lock_path, constraints_path)
@@ -571,7 +569,7 @@ class Environment:
         )
         if rc != 0:
             raise EnvFailure(f"cannot locate site-packages of {venv_dir}: {tail(out)}")
-        _write_atomic(
+        self.write_file(
             os.path.join(out.strip(), "regen-extra-paths.pth"), "\n".join(self.p["extra_paths"]) + "\n"
         )
 
