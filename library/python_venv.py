@@ -16,6 +16,8 @@ description:
     tokenizer is loaded with C(trust_remote_code) in that venv's own interpreter. Only then is the
     symlink swapped (atomic rename) and the old directory removed; any failure leaves the previous venv
     in place and removes the half-built one.
+  - O(wheels) are not part of the fingerprint: a new regen wheel is reinstalled into the current venv
+    (changed=true, state C(updated)) instead of rebuilding several GB of pinned packages.
   - With O(manage=false) the venv at O(path) belongs to someone else (for example the controller's own
     venv in the local demo), and it is only verified.
   - Check mode reports whether a rebuild would happen and, with --diff, the package changes.
@@ -45,6 +47,14 @@ options:
     description: The inventory variable a user edits to add a package (named in messages).
     type: str
     default: ''
+  wheels:
+    description:
+      - Wheel files on the host (the regen package) installed with C(--no-deps) on top of the lock, so
+        every dependency still comes from the lock.
+      - A wheel whose content changed is reinstalled in place, without rebuilding the venv.
+    type: list
+    elements: path
+    default: []
   extra_paths:
     description: Directories added to the venv's import path through a .pth file.
     type: list
@@ -131,7 +141,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 state:
-  description: created, updated, unchanged, verified or would_build.
+  description: created, updated, unchanged, verified, would_build or would_update.
   type: str
   returned: always
 real_path:
@@ -154,6 +164,19 @@ verification:
   description: The raw probe result.
   type: dict
   returned: when probed
+path:
+  description: Where the venv is reached (O(path)).
+  type: str
+  returned: always
+python:
+  description: Version of the venv's Python.
+  type: str
+  returned: always
+changes:
+  description: What a build or update changes (package diff, wheels reinstalled).
+  type: list
+  elements: str
+  returned: when changed
 """
 
 import json
@@ -170,6 +193,7 @@ from ansible.module_utils.regen_venv import (
     LOCK_FILE,
     MANIFEST_FILE,
     STATE_DIR,
+    WHEELS_FILE,
     LockError,
     build_dir_for,
     classify_install_failure,
@@ -184,6 +208,7 @@ from ansible.module_utils.regen_venv import (
     verification_errors,
     wheelhouse_missing,
 )
+from ansible.module_utils.regen_wheel import file_sha256
 
 
 class EnvFailure(Exception):
@@ -240,6 +265,7 @@ class Environment:
             "lock_source": p["lock_source"],
         }
         self.installer = "pip"
+        self.built_wheels = {}
         self.base_env = dict(os.environ)
         self.base_env.update({k: str(v) for k, v in (p["environment"] or {}).items()})
         self.base_env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
@@ -362,6 +388,68 @@ class Environment:
             cmds.append([*base, "-c", constraints_path, *list(extras)])
         return cmds, [python, "-m", "pip", "check"]
 
+    def wheel_install_cmd(self, venv_dir):
+        """Install O(wheels) without their dependencies (the lock holds those), replacing what is there.
+
+        Separate from install_cmds: these are local files, not pinned index requirements."""
+        python = self.python_of(venv_dir)
+        if self.installer == "uv":
+            return [
+                self.uv_path,
+                "pip",
+                "install",
+                "--python",
+                python,
+                "--no-index",
+                "--no-deps",
+                "--reinstall",
+                *self.p["wheels"],
+            ]
+        return [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-input",
+            "--progress-bar",
+            "off",
+            "--no-index",
+            "--no-deps",
+            "--force-reinstall",
+            "--no-compile",
+            *self.p["wheels"],
+        ]
+
+    def wheel_digests_or_pending(self):
+        """wheel_digests(), except in check mode, where a wheel the role would copy first reads as new."""
+        if self.module.check_mode and not all(os.path.isfile(path) for path in self.p["wheels"]):
+            return {os.path.basename(path): "(not copied yet)" for path in self.p["wheels"]}
+        return self.wheel_digests()
+
+    def wheel_digests(self):
+        """{wheel file name: sha256} of O(wheels); a wheel that is not on the host is a clear error."""
+        digests = {}
+        for path in self.p["wheels"]:
+            if not os.path.isfile(path):
+                raise EnvFailure(
+                    f"the wheel {path} for environment '{self.name}' is not on this host; the python_env "
+                    "role copies it there before this task (run the whole role, not this task alone)"
+                )
+            digests[os.path.basename(path)] = file_sha256(path)
+        return digests
+
+    def install_wheels(self, venv_dir, digests):
+        rc, out = _run(self.wheel_install_cmd(venv_dir), self.p["timeout"], env=self.base_env)
+        if rc != 0:
+            raise EnvFailure(
+                f"installing {', '.join(sorted(digests))} into environment '{self.name}' failed: {tail(out)}",
+                output_tail=tail(out, 30),
+            )
+        self.write_file(
+            os.path.join(venv_dir, STATE_DIR, WHEELS_FILE),
+            json.dumps(digests, indent=2, sort_keys=True) + "\n",
+        )
+
     def create_venv(self, python, venv_dir):
         if self.installer == "uv":
             rc, out = _run([self.uv_path, "venv", "--python", python, venv_dir], 600, env=self.base_env)
@@ -425,6 +513,14 @@ class Environment:
 
         if current and current_digest == digest:
             self.pick_installer()
+            wheels = self.wheel_digests_or_pending()
+            installed = json.loads(_read(os.path.join(current, STATE_DIR, WHEELS_FILE)) or "{}")
+            if wheels and wheels != installed:
+                result.update(changed=True, changes=[f"reinstall {name}" for name in sorted(wheels)])
+                if self.module.check_mode:
+                    result.update(state="would_update", installer=self.installer)
+                    return result
+                self.install_wheels(current, wheels)
             probe, errors = self.verify(current)
             if errors:
                 raise EnvFailure("; ".join(errors), verification=probe, state="unchanged")
@@ -437,10 +533,10 @@ class Environment:
             except (ValueError, KeyError):
                 installer = self.installer
             result.update(
-                state="unchanged",
+                state="updated" if result["changed"] else "unchanged",
                 installer=installer,
                 verification=probe,
-                manifest=manifest(self.env_entry, probe, digest, installer),
+                manifest=manifest(self.env_entry, probe, digest, installer, wheels),
             )
             return result
 
@@ -506,7 +602,7 @@ class Environment:
         except BaseException:
             shutil.rmtree(new_dir, ignore_errors=True)
             raise
-        record = manifest(self.env_entry, probe, digest, self.installer)
+        record = manifest(self.env_entry, probe, digest, self.installer, self.built_wheels)
         self.write_file(
             os.path.join(new_dir, STATE_DIR, MANIFEST_FILE),
             json.dumps(record, indent=2, sort_keys=True) + "\n",
@@ -544,6 +640,9 @@ class Environment:
                     + " [previous venv left in place]",
                     output_tail=tail(out, 30),
                 )
+        self.built_wheels = self.wheel_digests()
+        if self.built_wheels:
+            self.install_wheels(new_dir, self.built_wheels)
         rc, out = _run(check, 600, env=self.base_env)
         problems = pip_check_problems(out)
         if rc != 0 or problems:
@@ -636,6 +735,7 @@ def main():
             lock_source=dict(type="str", default=""),
             extra_packages=dict(type="list", elements="str", default=[]),
             remedy_variable=dict(type="str", default=""),
+            wheels=dict(type="list", elements="path", default=[]),
             extra_paths=dict(type="list", elements="path", default=[]),
             manage=dict(type="bool", default=True),
             python=dict(type="str", default="python3"),

@@ -18,6 +18,8 @@ STATE_DIR = ".regen-env"
 LOCK_FILE = "lock.txt"
 FINGERPRINT_FILE = "fingerprint"
 MANIFEST_FILE = "manifest.json"
+# {wheel file name: sha256} of the wheels installed on top of the lock (the regen package).
+WHEELS_FILE = "wheels.json"
 # Suffix of the real directories behind the symlink at `path`: <path>.regen-<first 12 of the fingerprint>.
 BUILD_SUFFIX = ".regen-"
 
@@ -420,7 +422,7 @@ def pins_diff(old_pins, new_pins):
     return lines
 
 
-def manifest(env, probe, digest, installer):
+def manifest(env, probe, digest, installer, wheels=None):
     """The environment manifest recorded in the run's artifacts. Deterministic (no timestamps) so an
     unchanged venv rewrites the same bytes and the artifact task stays changed=0."""
     torch = probe.get("torch")
@@ -438,4 +440,5 @@ def manifest(env, probe, digest, installer):
             for name, r in sorted((probe.get("imports") or {}).items())
         },
         "tokenizer": probe.get("tokenizer"),
+        "wheels": dict(sorted((wheels or {}).items())),
     }
