@@ -43,6 +43,10 @@ files:
   description: Number of files in the archive.
   type: int
   returned: always
+dest:
+  description: The archive file (O(dest)).
+  type: str
+  returned: always
 """
 
 import gzip

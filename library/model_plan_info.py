@@ -26,7 +26,7 @@ options:
     description: The C(gpu) document of gpu_info.
     type: dict
   overrides:
-    description: Plan values set in inventory, C({section: {key: value}}) (model_facts_plan_overrides).
+    description: Plan values set in inventory (model_facts_plan_overrides), a mapping of section to values.
     type: dict
     default: {}
 attributes:

@@ -16,7 +16,7 @@ description:
     tokenizer is loaded with C(trust_remote_code) in that venv's own interpreter. Only then is the
     symlink swapped (atomic rename) and the old directory removed; any failure leaves the previous venv
     in place and removes the half-built one.
-  - O(wheels) are not part of the fingerprint: a new regen wheel is reinstalled into the current venv
+  - O(wheels) are not part of the fingerprint; a new regen wheel is reinstalled into the current venv
     (changed=true, state C(updated)) instead of rebuilding several GB of pinned packages.
   - With O(manage=false) the venv at O(path) belongs to someone else (for example the controller's own
     venv in the local demo), and it is only verified.
@@ -164,10 +164,19 @@ verification:
   description: The raw probe result.
   type: dict
   returned: when probed
-path:
-  description: Where the venv is reached (O(path)).
+venv:
+  description: Where the venv is reached (O(path); not named C(path), which Ansible would fill with file
+    attributes, overwriting RV(state)).
   type: str
   returned: always
+lock_pins:
+  description: Number of pinned packages in the lock.
+  type: int
+  returned: when managed
+previous:
+  description: Where an unmanaged venv found at O(path) was moved (empty when there was none).
+  type: str
+  returned: after a build
 python:
   description: Version of the venv's Python.
   type: str
@@ -504,7 +513,7 @@ class Environment:
             current_digest = (_read(os.path.join(current, STATE_DIR, FINGERPRINT_FILE)) or "").strip()
         result = {
             "changed": False,
-            "path": self.path,
+            "venv": self.path,
             "fingerprint": digest,
             "python": version,
             "real_path": current or "",
@@ -716,7 +725,7 @@ class Environment:
         return {
             "changed": False,
             "state": "verified",
-            "path": self.path,
+            "venv": self.path,
             "real_path": os.path.realpath(self.path),
             "fingerprint": "",
             "installer": "external",
@@ -765,7 +774,7 @@ def main():
         result = Environment(module).run()
     except EnvFailure as exc:
         module.fail_json(
-            msg=exc.msg, environment=module.params["name"], path=module.params["path"], **exc.context
+            msg=exc.msg, environment=module.params["name"], venv=module.params["path"], **exc.context
         )
     except OSError as exc:
         module.fail_json(

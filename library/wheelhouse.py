@@ -62,6 +62,7 @@ EXAMPLES = r"""
 RETURN = r"""
 missing: {description: Pins that had no file before this run., type: list, returned: always}
 downloaded: {description: Files added., type: list, returned: always}
+dest: {description: The wheelhouse directory (O(dest))., type: str, returned: always}
 """
 
 import os

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.ansible import ansible_env, run_playbook
+from tests.helpers.ansible import run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -211,16 +211,3 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
     # Only the lost steps ran again, and they reproduced the original run exactly.
     assert sorted(again) == [7, 8] and again == {7: losses[7], 8: losses[8]}
     assert (run_dir / "export" / "model.safetensors").exists()
-
-
-def test_the_module_documents_itself() -> None:
-    result = subprocess.run(
-        [str(BIN / "ansible-doc"), "-M", "roles/drafter_training/library", "drafter_plan"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=ansible_env(),
-    )
-    assert result.returncode == 0 and "hidden_states_dir" in result.stdout, result.stderr
