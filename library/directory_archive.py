@@ -56,6 +56,7 @@ import os
 import tarfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_files import file_sha256
 
 
 def entries(src):
@@ -90,14 +91,6 @@ def write_archive(files, target, compress):
                 stream.close()
 
 
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -122,7 +115,7 @@ def main():
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = dest + ".tmp"
     write_archive(files, tmp, module.params["compress"])
-    changed = not os.path.exists(dest) or sha256(tmp) != sha256(dest)
+    changed = not os.path.exists(dest) or file_sha256(tmp) != file_sha256(dest)
     if changed:
         os.replace(tmp, dest)
     else:

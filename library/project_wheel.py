@@ -72,7 +72,7 @@ import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_wheel import file_sha256, source_digest, source_files
+from ansible.module_utils.regen_files import file_sha256, source_digest, source_files
 
 # Zip entries carry this date instead of the build time (wheel honours SOURCE_DATE_EPOCH): 1980-01-01.
 _SOURCE_DATE_EPOCH = "315532800"

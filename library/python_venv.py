@@ -196,6 +196,7 @@ import sys
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_files import file_sha256
 from ansible.module_utils.regen_pyenv import probe_venv
 from ansible.module_utils.regen_venv import (
     FINGERPRINT_FILE,
@@ -217,7 +218,6 @@ from ansible.module_utils.regen_venv import (
     verification_errors,
     wheelhouse_missing,
 )
-from ansible.module_utils.regen_wheel import file_sha256
 
 
 class EnvFailure(Exception):

@@ -1,7 +1,8 @@
-"""Which files a wheel of the regen project is built from, and their digest (the wheel cache key).
+"""File digests the modules share: which files a wheel of the regen project is built from and their digest
+(the wheel cache key), and the sha256 of one file (a wheel, an archive).
 
-Standard library only. The project_wheel module rebuilds the wheel only when this digest changes, so an
-unchanged checkout keeps the same wheel file (same bytes) and its copy to every host stays changed=0.
+Standard library only. The project_wheel module rebuilds the wheel only when the source digest changes, so
+an unchanged checkout keeps the same wheel file (same bytes) and its copy to every host stays changed=0.
 """
 
 from __future__ import annotations
