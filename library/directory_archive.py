@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Pack a directory into a byte-for-byte reproducible tar (for shipping sources and wheelhouses)."""
+"""Pack a directory into a byte-for-byte reproducible tar (for shipping wheelhouses to hosts)."""
 
 from __future__ import annotations
 
@@ -24,17 +24,18 @@ options:
     type: path
     required: true
   compress:
-    description: gzip the archive (sources); wheels are compressed already.
+    description: gzip the archive; leave it off for wheels, which are compressed already.
     type: bool
     default: true
 author: regen
 """
 
 EXAMPLES = r"""
-- name: Pack the regen package
+- name: Pack the demo wheelhouse
   directory_archive:
-    src: "{{ regen_root }}/src/regen"
-    dest: "{{ regen_root }}/.cache/bundles/regen-src.tar.gz"
+    src: "{{ regen_root }}/.cache/wheelhouse/demo"
+    dest: "{{ regen_root }}/.cache/bundles/wheelhouse-demo.tar"
+    compress: false
   delegate_to: localhost
 """
 
