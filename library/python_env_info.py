@@ -12,7 +12,9 @@ description:
     exception type and message when it fails (a crash of the interpreter is reported as such).
   - For C(torch) also reports C(torch.version.cuda), CUDA availability, device count and the compiled
     arch list.
-  - Never fails because a module is missing; assert on the result instead.
+  - Never fails because a module is missing, nor because O(python) does not exist (every module is then
+    reported as failed with the reason); assert on the result instead.
+  - The one probe of what a venv can import (module_utils/regen_pyenv.py), also used by python_venv.
 version_added: "0.1.0"
 author: regen maintainers
 options:
@@ -21,6 +23,9 @@ options:
     type: list
     elements: str
     default: [torch, transformers, tiktoken, tokenizers, safetensors, jinja2, sglang]
+  python:
+    description: Interpreter to inspect; default the one running the task (C(ansible_python_interpreter)).
+    type: path
   timeout:
     description: Seconds allowed for all the imports together.
     type: int
@@ -39,6 +44,12 @@ EXAMPLES = r"""
   vars:
     ansible_python_interpreter: /root/venv_sglang/bin/python
   register: _env
+
+- name: Does the training venv have SpecForge (the venv may not exist yet)
+  python_env_info:
+    python: /root/venv_specforge/bin/python
+    modules: [specforge.cli]
+  register: _training
 """
 
 RETURN = r"""
@@ -48,7 +59,8 @@ python_env:
   type: dict
   contains:
     python:
-      description: C(executable), C(version), C(prefix) (the venv) and C(is_venv).
+      description: C(executable), C(version), C(prefix) (the venv) and C(is_venv); C(version) is null when
+        the interpreter does not run.
       type: dict
     imported:
       description: Module name to version for every module that imported.
@@ -68,6 +80,8 @@ python_env:
       type: list
       elements: dict
 """
+
+import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.regen_pyenv import probe, summarize
@@ -89,13 +103,29 @@ def main():
                     "sglang",
                 ],
             },
+            "python": {"type": "path"},
             "timeout": {"type": "int", "default": 300},
         },
         supports_check_mode=True,
     )
-    module.exit_json(
-        changed=False, python_env=summarize(probe(module.params["modules"], timeout=module.params["timeout"]))
-    )
+    python = module.params["python"] or sys.executable
+    modules = module.params["modules"]
+    records, interpreter, error = probe(modules, python, timeout=module.params["timeout"])
+    if error:
+        # The interpreter itself is the problem: every module is unusable for the same reason.
+        interpreter = {"executable": python}
+        records = [
+            {
+                "name": name,
+                "ok": False,
+                "version": None,
+                "error_type": "InterpreterError",
+                "error": error,
+                "missing_module": None,
+            }
+            for name in modules
+        ]
+    module.exit_json(changed=False, python_env=summarize(records, interpreter))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ short_description: Plan the launch line of a model server (SGLang, transformers 
 description:
   - Turns the model facts, the introspection plan and inventory overrides into the argv, environment,
     endpoint and readiness probe of one server, or of an sglang-router in front of several servers.
-  - Checks what only the host can tell: the model directory exists, enough GPUs are visible (counted
+  - Checks what only the host can tell. The model directory exists, enough GPUs are visible (counted
     with nvidia-smi), and whether the port is already taken.
   - Reads only; never changes the host, so it runs the same in check mode.
   - Fails with a message naming the variable to fix when the plan cannot work (more GPUs than the host
@@ -162,6 +162,10 @@ gpu_count:
   description: GPUs visible on the host (null when not counted).
   returned: always
   type: int
+gpu_count_source:
+  description: Where RV(gpu_count) came from (the O(gpu_count) option or nvidia-smi), or why it is unknown.
+  returned: always
+  type: str
 port_in_use:
   description: Whether something already listens on the port (it may be this server itself).
   returned: always

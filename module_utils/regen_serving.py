@@ -19,10 +19,7 @@ import json
 import os
 import re
 
-try:
-    from ansible.module_utils.regen_plan import SGLANG_PARSERS
-except ImportError:  # imported as a plain module (the unit tests put module_utils/ on sys.path)
-    from regen_plan import SGLANG_PARSERS
+from ansible.module_utils.regen_plan import SGLANG_PARSERS
 
 SGLANG_VERSION = "0.5.23"
 SGLANG_ROUTER_VERSION = "0.3.2"

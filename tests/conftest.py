@@ -13,6 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import ansible.module_utils
+
+# The repo's module_utils/ joins Ansible's own package search path, so tests import the shared logic exactly
+# as modules do (`from ansible.module_utils.regen_config import ...`): one module object per file, no
+# file-path loader, no hand-made sys.modules entry. library/ is on sys.path (pytest `pythonpath`), so a test
+# imports a module by its name and calls its main().
+_MODULE_UTILS = str(ROOT / "module_utils")
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
 from tests.helpers.ansible import run_playbook
 from tests.helpers.venvs import make_venv_without
 

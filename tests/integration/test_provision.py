@@ -8,6 +8,7 @@ the role itself on first use), so the runs are quick and need no index after the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -106,6 +107,25 @@ def _lock_pins(text: str) -> dict[str, str]:
     return dict(re.findall(r"(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", text))
 
 
+def _host_wheel(site: dict) -> Path:
+    return site["work"] / "wheels" / "regen-0.1.0-py3-none-any.whl"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _regen_in(site: dict) -> str:
+    """Where the venv's own interpreter imports regen from (the installed wheel, not the checkout)."""
+    return subprocess.run(
+        [str(site["venv"] / "bin" / "python"), "-c", "import regen; print(regen.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    ).stdout.strip()
+
+
 def _failure_messages(output: str) -> list[str]:
     return [json.loads('"' + m + '"') for m in re.findall(r'"msg": "((?:[^"\\]|\\.)*)"', output)]
 
@@ -143,16 +163,18 @@ def test_changed_lock_check_mode_reports_then_update_switches(
     lock = site["locks"] / "demo.lock"
     original = lock.read_text()
     lock.write_text(_lock_repinned(original, "tqdm", "4.67.1", uv_binary))
-    # The update also makes the regen package importable in the venv (as the serving venv has it), from a
-    # private copy of the sources so that edits to the checkout during the test do not count as changes.
-    sources = tmp_path / "src" / "regen"
-    shutil.copytree(ROOT / "src" / "regen", sources, ignore=shutil.ignore_patterns("__pycache__"))
+    # The update also installs the regen wheel into the venv (as the serving venv gets it), built from a
+    # private copy of the project so that edits to the checkout during the test do not count as changes.
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
     envs = tmp_path / "envs.yml"
     envs.write_text(
         yaml.safe_dump(
             {
-                "python_env_regen_src": str(sources),
-                "python_env_bundle_dir": str(tmp_path / "bundles"),
+                "python_env_regen_project": str(project),
+                "python_env_regen_wheel_cache": str(tmp_path / "wheel-cache"),
                 "python_env_envs": [
                     {
                         "name": "demo",
@@ -180,15 +202,28 @@ def test_changed_lock_check_mode_reports_then_update_switches(
         manifest = json.loads((site["artifacts"] / "provision" / "localhost" / "demo.json").read_text())
         assert manifest["packages"]["tqdm"] == "4.67.1"
         assert manifest["imports"]["regen"]["ok"] is True
-        where = subprocess.run(
-            [str(site["venv"] / "bin" / "python"), "-c", "import regen; print(regen.__file__)"],
+        assert manifest["wheels"] == {"regen-0.1.0-py3-none-any.whl": _sha256(_host_wheel(site))}
+        installed = Path(new_target) / "lib" / "python3.11" / "site-packages" / "regen" / "__init__.py"
+        assert Path(_regen_in(site)).resolve() == installed.resolve()
+        _, again = _local(site, "-e", f"@{envs}")
+        assert again["localhost"]["changed"] == 0
+
+        # A change to the regen sources: a new wheel, reinstalled into the same venv (no rebuild of the
+        # pinned packages), then nothing to do again.
+        (project / "src" / "regen" / "_provision_probe.py").write_text("MARK = 'rebuilt'\n")
+        output, rebuilt = _local(site, "-e", f"@{envs}")
+        assert rebuilt["localhost"]["changed"] >= 1 and "reinstall regen-0.1.0-py3-none-any.whl" in output
+        assert os.readlink(site["venv"]) == new_target
+        marker = subprocess.run(
+            [str(site["venv"] / "bin" / "python"), "-c", "import regen._provision_probe as m; print(m.MARK)"],
             capture_output=True,
             text=True,
             check=True,
-        ).stdout.strip()
-        assert where == str(site["work"] / "src" / "regen" / "__init__.py")
-        _, again = _local(site, "-e", f"@{envs}")
-        assert again["localhost"]["changed"] == 0
+        )
+        assert marker.stdout.strip() == "rebuilt"
+        assert len(list((tmp_path / "wheel-cache").iterdir())) == 1  # the older wheel was dropped
+        _, settled = _local(site, "-e", f"@{envs}")
+        assert settled["localhost"]["changed"] == 0
         # The updated venv is the working one the bad-input tests below must leave in place.
         site["target"] = new_target
         _assert_venv_intact(site, new_target)

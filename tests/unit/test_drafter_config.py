@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_config
-import regen_drafter as d
+from ansible.module_utils import regen_config
+from ansible.module_utils import regen_drafter as d
 
 FIXTURES = ROOT / "tests" / "fixtures" / "drafter"
 

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_drafter as d
+from ansible.module_utils import regen_drafter as d
 
 FIXTURES = ROOT / "tests" / "fixtures" / "drafter"
 # SpecForge 0.2.0 and the transformers it pins; the other three are what that transformers release needs
@@ -95,7 +94,9 @@ print(json.dumps(out))
 
 
 def _kimi_facts() -> dict:
-    import regen_config  # the introspection helper's parser, as the pipeline uses it
+    from ansible.module_utils import (
+        regen_config,  # the introspection helper's parser, as the pipeline uses it
+    )
 
     config = json.loads((FIXTURES / "targets" / "kimi-k2.6" / "config.json").read_text())
     return {

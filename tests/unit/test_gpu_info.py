@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-from regen_gpu import (
+from ansible.module_utils.regen_gpu import (
     gather,
     parse_query_csv,
     parse_query_details,

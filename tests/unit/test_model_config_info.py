@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import shutil
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,10 +13,10 @@ from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "configs"
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_config
-from regen_config import ModelDirError, normalize_config, read_model_dir
+from ansible.module_utils.regen_config import ModelDirError, normalize_config, read_model_dir
+
+from tests.helpers.modules import run_module
 
 
 def _raw(name: str) -> dict:
@@ -524,17 +521,7 @@ def test_random_shapes_give_facts_or_a_clear_error(top: dict, text: object, gen:
 
 
 def _run_module(args: dict, capsys: pytest.CaptureFixture[str]) -> dict:
-    from ansible.module_utils.testing import patch_module_args
-
-    sys.modules["ansible.module_utils.regen_config"] = regen_config
-    spec = importlib.util.spec_from_file_location(
-        "model_config_info", ROOT / "library" / "model_config_info.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    with patch_module_args(args), pytest.raises(SystemExit):
-        module.main()
-    return json.loads(capsys.readouterr().out)
+    return run_module("model_config_info", args, capsys)
 
 
 def test_module_returns_facts_unchanged(capsys: pytest.CaptureFixture[str]) -> None:

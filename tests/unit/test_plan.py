@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "configs"
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-from regen_config import read_model_dir
-from regen_gpu import _gpu_record, summarize
-from regen_plan import dflash_target_layer_ids, make_plan
-from regen_tokenizer import gather as tokenizer_facts
+from ansible.module_utils.regen_config import read_model_dir
+from ansible.module_utils.regen_gpu import _gpu_record, summarize
+from ansible.module_utils.regen_plan import dflash_target_layer_ids, make_plan
+from ansible.module_utils.regen_tokenizer import gather as tokenizer_facts
+
+from tests.helpers.modules import run_module
 
 RTX_PRO_6000_MIB = 97887  # memory.total of an RTX PRO 6000 Blackwell (96 GB class)
 
@@ -197,11 +196,23 @@ def test_demo_model_on_cpu(request: pytest.FixtureRequest, tmp_path_factory: pyt
     assert drafter["mask_token_id"] == tok["mask_token"]["id"] is not None
 
 
-def test_filter_plugin_uses_the_same_planner() -> None:
-    path = ROOT / "roles" / "model_facts" / "filter_plugins" / "model_facts_plan.py"
-    spec = importlib.util.spec_from_file_location("model_facts_plan_filter", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_plan_module_returns_the_planner_s_plan(capsys: pytest.CaptureFixture[str]) -> None:
     arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
-    plan = module.FilterModule().filters()["regen_model_plan"](arch, None, _gpus(8), {})
-    assert plan == make_plan(arch, None, _gpus(8), {})
+    args = {"architecture": arch, "gpu": _gpus(8), "overrides": {}, "_ansible_check_mode": True}
+    result = run_module("model_plan_info", args, capsys)
+    assert result["changed"] is False
+    assert result["plan"] == make_plan(arch, None, _gpus(8), {})
+
+
+def test_plan_module_fails_on_unknown_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_module("model_plan_info", {"overrides": {"serving": {"tp": 2}, "sevring": {}}}, capsys)
+    assert result["failed"] is True
+    assert "model_facts_plan_overrides.serving.tp is not a plan value" in result["msg"]
+    assert "model_facts_plan_overrides.sevring is not a plan section" in result["msg"]
+
+
+def test_plan_module_without_architecture_only_checks_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_module("model_plan_info", {"overrides": {"serving": {"tp_size": 2}}}, capsys)
+    assert result["plan"] is None and not result.get("failed")
+
+

@@ -1,21 +1,13 @@
-"""Pure decisions of the python_env role (roles/python_env/module_utils/regen_python_env.py)."""
+"""Pure decisions of the python_env role (module_utils/regen_venv.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from ansible.module_utils import regen_venv as pe
 
 ROOT = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location(
-    "regen_python_env", ROOT / "roles" / "python_env" / "module_utils" / "regen_python_env.py"
-)
-pe = importlib.util.module_from_spec(_SPEC)
-sys.modules["regen_python_env"] = pe
-_SPEC.loader.exec_module(pe)
-
 DEMO_LOCK = (ROOT / "envs" / "demo.lock").read_text()
 HOST_LOCKS = ("demo", "demo-serving", "serving", "training")
 SHA = "sha256:" + "ab" * 32
@@ -341,7 +333,7 @@ def test_tokenizer_failure_names_venv_package_and_variable() -> None:
             "ok": False,
             "model_path": "/root/models/Kimi-K2.6",
             "error": TRANSFORMERS_MISSING,
-            "missing": None,
+            "missing_module": None,
         },
     }
     errors = pe.verification_errors(probe, _env())
@@ -358,15 +350,17 @@ def test_import_failures_are_reported_per_module() -> None:
         "imports": {
             "tiktoken": {
                 "ok": False,
-                "error": "ModuleNotFoundError: No module named 'tiktoken'",
-                "missing": "tiktoken",
+                "error_type": "ModuleNotFoundError",
+                "error": "No module named 'tiktoken'",
+                "missing_module": "tiktoken",
             },
-            "yaml": {"ok": False, "error": "ModuleNotFoundError: No module named 'yaml'", "missing": "yaml"},
-            "sglang": {"ok": False, "error": "ModuleNotFoundError: No module named 'zmq'", "missing": "zmq"},
+            "yaml": {"ok": False, "error": "No module named 'yaml'", "missing_module": "yaml"},
+            "sglang": {"ok": False, "error": "No module named 'zmq'", "missing_module": "zmq"},
             "torch": {
                 "ok": False,
-                "error": "OSError: libcuda.so.1: cannot open shared object file",
-                "missing": None,
+                "error_type": "OSError",
+                "error": "libcuda.so.1: cannot open shared object file",
+                "missing_module": None,
             },
             "transformers": {"ok": True, "version": "5.24.0"},
         }
@@ -381,7 +375,9 @@ def test_import_failures_are_reported_per_module() -> None:
 
 def test_unmanaged_venv_gets_a_pip_remedy() -> None:
     probe = {
-        "imports": {"tiktoken": {"ok": False, "error": "No module named 'tiktoken'", "missing": "tiktoken"}}
+        "imports": {
+            "tiktoken": {"ok": False, "error": "No module named 'tiktoken'", "missing_module": "tiktoken"}
+        }
     }
     [error] = pe.verification_errors(probe, _env(manage=False, path="/opt/venv"))
     assert "/opt/venv/bin/python -m pip install tiktoken" in error
@@ -407,9 +403,3 @@ def test_pins_diff_and_manifest_are_deterministic() -> None:
     first = pe.manifest(_env(), probe, "f" * 64, "pip")
     assert list(first["packages"]) == ["a", "b"]
     assert first == pe.manifest(_env(), dict(probe), "f" * 64, "pip")
-
-
-def test_parse_probe_output_skips_what_remote_code_printed() -> None:
-    out = 'loading...\n{"noise": 1}\n' + pe.PROBE_MARK + '{"python": {"version": "3.11.2"}}'
-    assert pe.parse_probe_output(out) == {"python": {"version": "3.11.2"}}
-    assert pe.parse_probe_output("Traceback ...") is None

@@ -1,19 +1,13 @@
-"""regen_dir_bundle: the archives that ship sources and wheelhouses are byte-for-byte reproducible, so the
+"""directory_archive: the archives that ship sources and wheelhouses are byte-for-byte reproducible, so the
 copy to a host is changed only when a file's content changed."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location(
-    "regen_dir_bundle", ROOT / "roles" / "python_env" / "library" / "regen_dir_bundle.py"
-)
-bundle = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bundle)
+import directory_archive as bundle
 
 
 def _tree(base: Path) -> Path:

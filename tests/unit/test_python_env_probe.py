@@ -4,30 +4,18 @@ message naming the venv and the package where it is not."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from test_python_env import pe
-
-ARGS = {"imports": ["transformers"], "torch_devices": False}
+from ansible.module_utils import regen_venv as pe
+from ansible.module_utils.regen_pyenv import probe_venv
 
 
 def _probe(python: Path | str, model: Path | None, imports: list[str]) -> dict:
-    args = dict(ARGS, imports=imports, model_path=str(model) if model else None)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    out = subprocess.run(
-        [str(python), "-c", pe.PROBE_SOURCE, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=300,
-    )
-    result = pe.parse_probe_output(out.stdout)
-    assert result is not None, out.stdout[-2000:] + out.stderr[-2000:]
+    result = probe_venv(str(python), imports, model_path=str(model) if model else None, env=env, timeout=300)
+    assert result["error"] is None, result
     return result
 
 
@@ -79,3 +67,8 @@ def test_probe_without_tiktoken_names_venv_and_package(
 def test_probe_reports_absent_model_without_attempting(tmp_path: Path) -> None:
     result = _probe(sys.executable, tmp_path / "no-such-model", [])
     assert result["tokenizer"]["attempted"] is False
+
+
+def test_probe_reports_an_interpreter_that_does_not_run(tmp_path: Path) -> None:
+    result = probe_venv(str(tmp_path / "bin" / "python"), ["json"])
+    assert result["python"] is None and "does not run" in result["error"]

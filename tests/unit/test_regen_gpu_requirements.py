@@ -3,16 +3,14 @@ machines (tests/fixtures/nvidia-smi, parsed by gpu_info's own parsers) and the r
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_gpu
-import regen_gpu_requirements as req
+from ansible.module_utils import regen_gpu
+from ansible.module_utils import regen_gpu_requirements as req
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
 SERVING_PINS = req.pins_from_lock((ROOT / "envs" / "serving.lock").read_text())

@@ -32,9 +32,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "serving"
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_serving
+from ansible.module_utils import regen_serving
 
 CASES = sorted(p.name[: -len(".spec.json")] for p in FIXTURES.glob("*.spec.json"))
 sys.path.insert(0, str(FIXTURES))

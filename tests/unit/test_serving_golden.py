@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "serving"
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_serving
+from ansible.module_utils import regen_serving
 
 CASES = sorted(p.name[: -len(".spec.json")] for p in FIXTURES.glob("*.spec.json"))
 
@@ -106,8 +104,7 @@ def test_config_hash_changes_with_the_launch_line_only():
 def test_the_model_facts_plan_drives_the_launch_line():
     """Contract with the model_facts role: its real planner (module_utils/regen_plan.py) over the Kimi
     config fixture and CT200's GPU facts yields the keys this role reads, and they land in the line."""
-    import regen_config
-    import regen_plan
+    from ansible.module_utils import regen_config, regen_plan
 
     config = json.loads((ROOT / "tests" / "fixtures" / "configs" / "kimi-k2.5" / "config.json").read_text())
     architecture = regen_config.normalize_config(config)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "serving"
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_serving as rs
-from regen_serving import ServingPlanError
+from ansible.module_utils import regen_serving as rs
+from ansible.module_utils.regen_serving import ServingPlanError
+
+from tests.helpers.modules import run_module
 
 KIMI = json.loads((FIXTURES / "facts-kimi-k2.6.json").read_text())
 QWEN = json.loads((FIXTURES / "facts-qwen3-8b.json").read_text())
@@ -209,18 +209,7 @@ def test_systemd_env_line():
 
 
 def _run_module(args: dict, capsys: pytest.CaptureFixture[str]) -> dict:
-    import importlib.util
-
-    from ansible.module_utils.testing import patch_module_args
-
-    sys.modules["ansible.module_utils.regen_serving"] = rs
-    path = ROOT / "library" / "serving_launch_info.py"
-    spec = importlib.util.spec_from_file_location("serving_launch_info", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    with patch_module_args(args), pytest.raises(SystemExit):
-        module.main()
-    return json.loads(capsys.readouterr().out)
+    return run_module("serving_launch_info", args, capsys)
 
 
 def _model_dir(tmp_path: Path) -> Path:

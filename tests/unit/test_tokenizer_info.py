@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -14,10 +13,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "configs"
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_tokenizer
-from regen_tokenizer import TokenizerError, analyze_chat_template, describe_load_error, gather
+from ansible.module_utils import regen_tokenizer
+from ansible.module_utils.regen_tokenizer import (
+    TokenizerError,
+    analyze_chat_template,
+    describe_load_error,
+    gather,
+)
+
+from tests.helpers.modules import run_module
 
 
 @pytest.fixture(scope="module")
@@ -224,13 +229,5 @@ def test_chat_template_that_does_not_parse_is_a_warning(demo: Path, tmp_path: Pa
 
 
 def test_module_fail_json_for_no_tokenizer_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ansible.module_utils.testing import patch_module_args
-
-    sys.modules["ansible.module_utils.regen_tokenizer"] = regen_tokenizer
-    spec = importlib.util.spec_from_file_location("tokenizer_info", ROOT / "library" / "tokenizer_info.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    with patch_module_args({"path": str(tmp_path), "mode": "raw_files"}), pytest.raises(SystemExit):
-        module.main()
-    result = json.loads(capsys.readouterr().out)
+    result = run_module("tokenizer_info", {"path": str(tmp_path), "mode": "raw_files"}, capsys)
     assert result["failed"] is True and "holds no tokenizer files" in result["msg"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: regen_wheelhouse
+module: wheelhouse
 short_description: Fill (or check) a wheelhouse with the wheels a pinned lock needs
 description:
   - Runs on the controller. Lists the pins of the lock that O(dest) has no wheel or sdist for; with
@@ -59,7 +59,7 @@ author: regen
 
 EXAMPLES = r"""
 - name: Fill the demo wheelhouse
-  regen_wheelhouse:
+  wheelhouse:
     name: demo
     lock: "{{ lookup('ansible.builtin.file', 'envs/demo.lock') }}"
     dest: .cache/wheelhouse/demo
@@ -69,6 +69,7 @@ EXAMPLES = r"""
 RETURN = r"""
 missing: {description: Pins that had no file before this run., type: list, returned: always}
 downloaded: {description: Files added., type: list, returned: always}
+dest: {description: The wheelhouse directory (O(dest))., type: str, returned: always}
 """
 
 import os
@@ -77,7 +78,7 @@ import sys
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_python_env import (
+from ansible.module_utils.regen_venv import (
     LockError,
     check_extras,
     download_platforms,

@@ -1,11 +1,11 @@
 #!/usr/bin/python
-"""Pack a directory into a byte-for-byte reproducible tar (for shipping sources and wheelhouses)."""
+"""Pack a directory into a byte-for-byte reproducible tar (for shipping wheelhouses to hosts)."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: regen_dir_bundle
+module: directory_archive
 short_description: Pack a directory into a reproducible tar, rewritten only when its content changed
 description:
   - Runs on the controller. Files are added in sorted order with fixed owner, mode and mtime, and
@@ -24,17 +24,18 @@ options:
     type: path
     required: true
   compress:
-    description: gzip the archive (sources); wheels are compressed already.
+    description: gzip the archive; leave it off for wheels, which are compressed already.
     type: bool
     default: true
 author: regen
 """
 
 EXAMPLES = r"""
-- name: Pack the regen package
-  regen_dir_bundle:
-    src: "{{ regen_root }}/src/regen"
-    dest: "{{ regen_root }}/.cache/bundles/regen-src.tar.gz"
+- name: Pack the demo wheelhouse
+  directory_archive:
+    src: "{{ regen_root }}/.cache/wheelhouse/demo"
+    dest: "{{ regen_root }}/.cache/bundles/wheelhouse-demo.tar"
+    compress: false
   delegate_to: localhost
 """
 
@@ -42,6 +43,10 @@ RETURN = r"""
 files:
   description: Number of files in the archive.
   type: int
+  returned: always
+dest:
+  description: The archive file (O(dest)).
+  type: str
   returned: always
 """
 
@@ -52,6 +57,7 @@ import os
 import tarfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_files import file_sha256
 
 
 def entries(src):
@@ -86,14 +92,6 @@ def write_archive(files, target, compress):
                 stream.close()
 
 
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -118,7 +116,7 @@ def main():
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = dest + ".tmp"
     write_archive(files, tmp, module.params["compress"])
-    changed = not os.path.exists(dest) or sha256(tmp) != sha256(dest)
+    changed = not os.path.exists(dest) or file_sha256(tmp) != file_sha256(dest)
     if changed:
         os.replace(tmp, dest)
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: drafter_plan
+module: drafter_plan_info
 short_description: Plan a SpecForge DFlash drafter from the model facts
 description:
   - Derives the DFlash drafter's C(config.json) (hidden size, vocabulary, target layer count,
@@ -157,7 +157,7 @@ options:
 
 EXAMPLES = r"""
 - name: Plan the drafter
-  drafter_plan:
+  drafter_plan_info:
     facts: "{{ regen_model_facts }}"
     model_path: /root/models/Kimi-K2.6
     hidden_states_dir: /root/regen/drafter/hidden_states

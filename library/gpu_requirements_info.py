@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: regen_gpu_check
+module: gpu_requirements_info
 short_description: Decide whether a host's GPUs, driver and device nodes fit the pinned serving stack
 description:
   - Thin wrapper over module_utils/regen_gpu_requirements.py. Lists C(/dev) on the host for the
@@ -28,8 +28,9 @@ options:
     description: Text of the serving lock (its CUDA runtime pin sets the driver floor).
     type: str
     default: ''
-  torch:
-    description: What torch in the serving venv reported (version, cuda, arch_list, device_count).
+  python_env:
+    description: The C(python_env) document of python_env_info run with C(modules=[torch]) on the serving
+      venv; when given, torch's build and the GPUs it sees are checked instead of the host.
     type: dict
   dev_dir:
     description: Where the device nodes are.
@@ -40,11 +41,22 @@ author: regen
 
 EXAMPLES = r"""
 - name: Check the GPU host
-  regen_gpu_check:
+  gpu_requirements_info:
     facts: "{{ _gpu.gpu }}"
     profile: gpu
     expected_count: 8
     serving_lock: "{{ lookup('ansible.builtin.file', 'envs/serving.lock') }}"
+
+- name: Ask torch in the serving venv what it sees
+  python_env_info:
+    python: /root/venv_sglang/bin/python
+    modules: [torch]
+  register: _serving_torch
+
+- name: Check torch against the GPUs
+  gpu_requirements_info:
+    facts: "{{ _gpu.gpu }}"
+    python_env: "{{ _serving_torch.python_env }}"
 """
 
 RETURN = r"""
@@ -67,6 +79,7 @@ from ansible.module_utils.regen_gpu_requirements import (
     stack_cuda_from_pins,
     torch_cuda_arch_list,
 )
+from ansible.module_utils.regen_pyenv import torch_view
 
 
 def main():
@@ -76,7 +89,7 @@ def main():
             profile=dict(type="str", default="cpu"),
             expected_count=dict(type="int"),
             serving_lock=dict(type="str", default=""),
-            torch=dict(type="dict"),
+            python_env=dict(type="dict"),
             dev_dir=dict(type="path", default="/dev"),
         ),
         supports_check_mode=True,
@@ -86,14 +99,15 @@ def main():
     stack_cuda = None
     if p["serving_lock"].strip():
         stack_cuda = stack_cuda_from_pins(pins_from_lock(p["serving_lock"]))
-    if p["torch"] is not None:
-        result = check_torch(p["torch"], facts, p["expected_count"])
+    if p["python_env"] is not None:
+        torch = torch_view(p["python_env"])
+        result = check_torch(torch, facts, p["expected_count"])
         result["notes"] = [
             "torch {}, CUDA {}, sees {} GPU(s), arch list {}".format(
-                p["torch"].get("version"),
-                p["torch"].get("cuda"),
-                p["torch"].get("device_count"),
-                " ".join(p["torch"].get("arch_list") or []),
+                torch.get("version"),
+                torch.get("cuda"),
+                torch.get("device_count"),
+                " ".join(torch.get("arch_list") or []),
             )
         ]
     else:

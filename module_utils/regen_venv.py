@@ -1,7 +1,8 @@
 """Decisions behind the python_env role: lock parsing, fingerprints, wheelhouse completeness, failure
 classification and verification messages. Pure functions over strings and dicts, unit-tested directly.
+What a venv can import is probed by module_utils/regen_pyenv.py (the one probe); this file judges it.
 
-Standard library only, Python 3.8+: the `regen_python_env` and `regen_wheelhouse` modules ship this to
+Standard library only, Python 3.8+: the `python_venv` and `wheelhouse` modules ship this to
 whatever host they run on (a fresh LXC container has nothing but Debian's python3).
 """
 
@@ -17,6 +18,8 @@ STATE_DIR = ".regen-env"
 LOCK_FILE = "lock.txt"
 FINGERPRINT_FILE = "fingerprint"
 MANIFEST_FILE = "manifest.json"
+# {wheel file name: sha256} of the wheels installed on top of the lock (the regen package).
+WHEELS_FILE = "wheels.json"
 # Suffix of the real directories behind the symlink at `path`: <path>.regen-<first 12 of the fingerprint>.
 BUILD_SUFFIX = ".regen-"
 
@@ -511,7 +514,7 @@ def verification_errors(probe, env):
     for module, result in sorted((probe.get("imports") or {}).items()):
         if result.get("ok"):
             continue
-        missing = missing_modules(result.get("error", ""), result.get("missing"))
+        missing = missing_modules(result.get("error", ""), result.get("missing_module"))
         if module in missing or (missing and missing[0] == module.split(".")[0]):
             dist = dist_for_module(module.split(".")[0])
             errors.append(
@@ -533,13 +536,13 @@ def verification_errors(probe, env):
             )
         else:
             errors.append(
-                "{} cannot be imported in {} (environment '{}'): {}".format(
-                    module, where, env["name"], result.get("error")
+                "{} cannot be imported in {} (environment '{}'): {}: {}".format(
+                    module, where, env["name"], result.get("error_type"), result.get("error")
                 )
             )
     tokenizer = probe.get("tokenizer")
     if tokenizer and tokenizer.get("attempted") and not tokenizer.get("ok"):
-        missing = missing_modules(tokenizer.get("error", ""), tokenizer.get("missing"))
+        missing = missing_modules(tokenizer.get("error", ""), tokenizer.get("missing_module"))
         model = tokenizer.get("model_path")
         if missing:
             dists = [dist_for_module(m) for m in missing]
@@ -590,7 +593,7 @@ def pins_diff(old_pins, new_pins):
     return lines
 
 
-def manifest(env, probe, digest, installer):
+def manifest(env, probe, digest, installer, wheels=None):
     """The environment manifest recorded in the run's artifacts. Deterministic (no timestamps) so an
     unchanged venv rewrites the same bytes and the artifact task stays changed=0."""
     torch = probe.get("torch")
@@ -608,93 +611,5 @@ def manifest(env, probe, digest, installer):
             for name, r in sorted((probe.get("imports") or {}).items())
         },
         "tokenizer": probe.get("tokenizer"),
+        "wheels": dict(sorted((wheels or {}).items())),
     }
-
-
-# --------------------------------------------------------------------------------------------------
-# The probe: runs inside the venv's own interpreter (so it sees exactly what that venv can import)
-# --------------------------------------------------------------------------------------------------
-
-PROBE_SOURCE = r"""
-import importlib, json, os, platform, sys, traceback
-args = json.loads(sys.argv[1])
-out = {"python": {"version": platform.python_version(), "executable": sys.executable,
-                  "prefix": sys.prefix, "implementation": platform.python_implementation()},
-       "imports": {}, "packages": {}, "torch": None, "tokenizer": None}
-try:
-    from importlib import metadata
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            out["packages"][name.lower().replace("_", "-").replace(".", "-")] = dist.version
-except Exception as exc:
-    out["packages_error"] = repr(exc)
-
-def _failure(exc):
-    return {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
-            "missing": getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None}
-
-for name in args.get("imports", []):
-    try:
-        module = importlib.import_module(name)
-        out["imports"][name] = {"ok": True, "version": getattr(module, "__version__", None)}
-    except BaseException as exc:
-        out["imports"][name] = _failure(exc)
-
-if "torch" in out["packages"]:
-    try:
-        import torch
-        info = {"version": torch.__version__, "cuda": torch.version.cuda,
-                "arch_list": list(torch.cuda.get_arch_list()) if hasattr(torch.cuda, "get_arch_list") else []}
-        if args.get("torch_devices"):
-            info["cuda_available"] = bool(torch.cuda.is_available())
-            count = torch.cuda.device_count() if info["cuda_available"] else 0
-            info["device_count"] = count
-            info["devices"] = [{"name": torch.cuda.get_device_name(i),
-                                "capability": "%d.%d" % torch.cuda.get_device_capability(i)}
-                               for i in range(count)]
-        out["torch"] = info
-    except BaseException as exc:
-        out["torch"] = _failure(exc)
-
-model = args.get("model_path")
-if model:
-    result = {"model_path": model, "attempted": False, "ok": False, "required": bool(args.get("required"))}
-    if os.path.isdir(model):
-        result["attempted"] = True
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        try:
-            import contextlib, io
-            with contextlib.redirect_stdout(io.StringIO()):
-                from transformers import AutoTokenizer
-                tok = AutoTokenizer.from_pretrained(model, trust_remote_code=True)
-                ids = tok.encode("regen tokenizer smoke: hello, world")
-                text = tok.decode(ids)
-            result.update(ok=True, tokenizer_class=type(tok).__name__, vocab_size=len(tok),
-                          sample_ids=len(ids), roundtrip="hello, world" in text)
-        except BaseException as exc:
-            failure = _failure(exc)
-            chain, seen, current = [], set(), exc
-            while current is not None and id(current) not in seen:
-                seen.add(id(current))
-                chain.append("%s: %s" % (type(current).__name__, current))
-                if isinstance(current, ModuleNotFoundError) and not failure["missing"]:
-                    failure["missing"] = current.name
-                current = current.__cause__ or current.__context__
-            failure["error"] = " <- ".join(chain)[:2000]
-            result.update(failure)
-            result["ok"] = False
-    out["tokenizer"] = result
-sys.stdout.write("\n@@REGEN-PROBE@@" + json.dumps(out, default=str))
-"""
-
-PROBE_MARK = "@@REGEN-PROBE@@"
-
-
-def parse_probe_output(stdout):
-    """The probe's JSON document from its stdout (remote code may print before it)."""
-    if PROBE_MARK not in (stdout or ""):
-        return None
-    return json.loads(stdout.rsplit(PROBE_MARK, 1)[1])

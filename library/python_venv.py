@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: regen_python_env
+module: python_venv
 short_description: Build a venv from a pinned lock into a new directory, verify it, then switch to it
 description:
   - The environment lives at O(path), a symlink to C(<path>.regen-<fingerprint>). A fingerprint of the
@@ -16,6 +16,8 @@ description:
     tokenizer is loaded with C(trust_remote_code) in that venv's own interpreter. Only then is the
     symlink swapped (atomic rename) and the old directory removed; any failure leaves the previous venv
     in place and removes the half-built one.
+  - O(wheels) are not part of the fingerprint; a new regen wheel is reinstalled into the current venv
+    (changed=true, state C(updated)) instead of rebuilding several GB of pinned packages.
   - With O(manage=false) the venv at O(path) belongs to someone else (for example the controller's own
     venv in the local demo), and it is only verified.
   - Check mode reports whether a rebuild would happen and, with --diff, the package changes.
@@ -48,6 +50,14 @@ options:
     description: The inventory variable a user edits to add a package (named in messages).
     type: str
     default: ''
+  wheels:
+    description:
+      - Wheel files on the host (the regen package) installed with C(--no-deps) on top of the lock, so
+        every dependency still comes from the lock.
+      - A wheel whose content changed is reinstalled in place, without rebuilding the venv.
+    type: list
+    elements: path
+    default: []
   extra_paths:
     description: Directories added to the venv's import path through a .pth file.
     type: list
@@ -124,7 +134,7 @@ author: regen
 
 EXAMPLES = r"""
 - name: Build the demo environment
-  regen_python_env:
+  python_venv:
     name: demo
     path: /root/venvs/demo
     lock: "{{ lookup('ansible.builtin.file', 'envs/demo.lock') }}"
@@ -134,7 +144,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 state:
-  description: created, updated, unchanged, verified or would_build.
+  description: created, updated, unchanged, verified, would_build or would_update.
   type: str
   returned: always
 real_path:
@@ -157,6 +167,28 @@ verification:
   description: The raw probe result.
   type: dict
   returned: when probed
+venv:
+  description: Where the venv is reached (O(path); not named C(path), which Ansible would fill with file
+    attributes, overwriting RV(state)).
+  type: str
+  returned: always
+lock_pins:
+  description: Number of pinned packages in the lock.
+  type: int
+  returned: when managed
+previous:
+  description: Where an unmanaged venv found at O(path) was moved (empty when there was none).
+  type: str
+  returned: after a build
+python:
+  description: Version of the venv's Python.
+  type: str
+  returned: always
+changes:
+  description: What a build or update changes (package diff, wheels reinstalled).
+  type: list
+  elements: str
+  returned: when changed
 """
 
 import json
@@ -167,12 +199,14 @@ import sys
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_python_env import (
+from ansible.module_utils.regen_files import file_sha256
+from ansible.module_utils.regen_pyenv import probe_venv
+from ansible.module_utils.regen_venv import (
     FINGERPRINT_FILE,
     LOCK_FILE,
     MANIFEST_FILE,
-    PROBE_SOURCE,
     STATE_DIR,
+    WHEELS_FILE,
     LockError,
     build_dir_for,
     check_extras,
@@ -180,7 +214,6 @@ from ansible.module_utils.regen_python_env import (
     fingerprint,
     manifest,
     parse_lock,
-    parse_probe_output,
     pins_diff,
     pip_check_problems,
     python_satisfies,
@@ -229,14 +262,6 @@ def _read(path):
         return None
 
 
-def _write_atomic(path, text):
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
 class Environment:
     def __init__(self, module):
         self.module = module
@@ -253,6 +278,7 @@ class Environment:
         }
         self.installer = "pip"
         self.extras = []  # the pinned extra packages not in the lock (check_extras), set by run()
+        self.built_wheels = {}
         self.base_env = dict(os.environ)
         self.base_env.update({k: str(v) for k, v in (p["environment"] or {}).items()})
         self.base_env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
@@ -269,6 +295,13 @@ class Environment:
             return self.path, os.path.isdir(os.path.join(self.path, STATE_DIR))
         return None, False
 
+    def write_file(self, path, text):
+        """Write through a temporary file in the same directory and Ansible's own atomic rename."""
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        self.module.atomic_move(tmp, path)
+
     def python_of(self, venv_dir):
         return os.path.join(venv_dir, "bin", "python")
 
@@ -281,25 +314,25 @@ class Environment:
                 f"{venv_dir} has no bin/python: environment '{self.name}' is not a venv (or is broken); "
                 "remove it and re-run provisioning"
             )
-        args = {
-            "imports": self.p["verify_imports"],
-            "model_path": self.p["tokenizer_model_path"] or None,
-            "required": self.p["tokenizer_required"],
-            "torch_devices": self.p["torch_devices"],
-        }
         env = dict(self.base_env)
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
         env.pop("PYTHONPATH", None)
-        rc, out = _run([python, "-c", PROBE_SOURCE, json.dumps(args)], self.p["timeout"], env=env, cwd="/")
-        try:
-            result = parse_probe_output(out)
-        except ValueError:
-            result = None
-        if result is None:
+        result = probe_venv(
+            python,
+            imports=self.p["verify_imports"],
+            model_path=self.p["tokenizer_model_path"] or None,
+            required=self.p["tokenizer_required"],
+            torch_devices=self.p["torch_devices"],
+            timeout=self.p["timeout"],
+            env=env,
+            cwd="/",
+        )
+        if result["error"]:
             raise EnvFailure(
                 f"the interpreter of environment '{self.name}' ({python}) could not run the verification "
-                f"probe (exit {rc}): {tail(out)}"
+                f"probe: {result['error']}"
             )
+        del result["error"]
         return result
 
     def verify(self, venv_dir):
@@ -370,6 +403,68 @@ class Environment:
             cmds.append([*base, "--no-deps", *extras])
         return cmds, [python, "-m", "pip", "check"]
 
+    def wheel_install_cmd(self, venv_dir):
+        """Install O(wheels) without their dependencies (the lock holds those), replacing what is there.
+
+        Separate from install_cmds: these are local files, not pinned index requirements."""
+        python = self.python_of(venv_dir)
+        if self.installer == "uv":
+            return [
+                self.uv_path,
+                "pip",
+                "install",
+                "--python",
+                python,
+                "--no-index",
+                "--no-deps",
+                "--reinstall",
+                *self.p["wheels"],
+            ]
+        return [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-input",
+            "--progress-bar",
+            "off",
+            "--no-index",
+            "--no-deps",
+            "--force-reinstall",
+            "--no-compile",
+            *self.p["wheels"],
+        ]
+
+    def wheel_digests_or_pending(self):
+        """wheel_digests(), except in check mode, where a wheel the role would copy first reads as new."""
+        if self.module.check_mode and not all(os.path.isfile(path) for path in self.p["wheels"]):
+            return {os.path.basename(path): "(not copied yet)" for path in self.p["wheels"]}
+        return self.wheel_digests()
+
+    def wheel_digests(self):
+        """{wheel file name: sha256} of O(wheels); a wheel that is not on the host is a clear error."""
+        digests = {}
+        for path in self.p["wheels"]:
+            if not os.path.isfile(path):
+                raise EnvFailure(
+                    f"the wheel {path} for environment '{self.name}' is not on this host; the python_env "
+                    "role copies it there before this task (run the whole role, not this task alone)"
+                )
+            digests[os.path.basename(path)] = file_sha256(path)
+        return digests
+
+    def install_wheels(self, venv_dir, digests):
+        rc, out = _run(self.wheel_install_cmd(venv_dir), self.p["timeout"], env=self.base_env)
+        if rc != 0:
+            raise EnvFailure(
+                f"installing {', '.join(sorted(digests))} into environment '{self.name}' failed: {tail(out)}",
+                output_tail=tail(out, 30),
+            )
+        self.write_file(
+            os.path.join(venv_dir, STATE_DIR, WHEELS_FILE),
+            json.dumps(digests, indent=2, sort_keys=True) + "\n",
+        )
+
     def create_venv(self, python, venv_dir):
         if self.installer == "uv":
             rc, out = _run([self.uv_path, "venv", "--python", python, venv_dir], 600, env=self.base_env)
@@ -423,7 +518,7 @@ class Environment:
             current_digest = (_read(os.path.join(current, STATE_DIR, FINGERPRINT_FILE)) or "").strip()
         result = {
             "changed": False,
-            "path": self.path,
+            "venv": self.path,
             "fingerprint": digest,
             "python": version,
             "real_path": current or "",
@@ -432,6 +527,14 @@ class Environment:
 
         if current and current_digest == digest:
             self.pick_installer()
+            wheels = self.wheel_digests_or_pending()
+            installed = json.loads(_read(os.path.join(current, STATE_DIR, WHEELS_FILE)) or "{}")
+            if wheels and wheels != installed:
+                result.update(changed=True, changes=[f"reinstall {name}" for name in sorted(wheels)])
+                if self.module.check_mode:
+                    result.update(state="would_update", installer=self.installer)
+                    return result
+                self.install_wheels(current, wheels)
             probe, errors = self.verify(current)
             if errors:
                 raise EnvFailure("; ".join(errors), verification=probe, state="unchanged")
@@ -444,10 +547,10 @@ class Environment:
             except (ValueError, KeyError):
                 installer = self.installer
             result.update(
-                state="unchanged",
+                state="updated" if result["changed"] else "unchanged",
                 installer=installer,
                 verification=probe,
-                manifest=manifest(self.env_entry, probe, digest, installer),
+                manifest=manifest(self.env_entry, probe, digest, installer, wheels),
             )
             return result
 
@@ -514,12 +617,12 @@ class Environment:
         except BaseException:
             shutil.rmtree(new_dir, ignore_errors=True)
             raise
-        record = manifest(self.env_entry, probe, digest, self.installer)
-        _write_atomic(
+        record = manifest(self.env_entry, probe, digest, self.installer, self.built_wheels)
+        self.write_file(
             os.path.join(new_dir, STATE_DIR, MANIFEST_FILE),
             json.dumps(record, indent=2, sort_keys=True) + "\n",
         )
-        _write_atomic(os.path.join(new_dir, STATE_DIR, FINGERPRINT_FILE), digest + "\n")
+        self.write_file(os.path.join(new_dir, STATE_DIR, FINGERPRINT_FILE), digest + "\n")
         previous = self.switch(new_dir, current, ours)
         result.update(
             state="updated" if current else "created",
@@ -537,7 +640,7 @@ class Environment:
         state = os.path.join(new_dir, STATE_DIR)
         os.makedirs(state, exist_ok=True)
         lock_path = os.path.join(state, LOCK_FILE)
-        _write_atomic(lock_path, p["lock"] if p["lock"].endswith("\n") else p["lock"] + "\n")
+        self.write_file(lock_path, p["lock"] if p["lock"].endswith("\n") else p["lock"] + "\n")
         if p["extra_paths"]:
             self.write_pth(new_dir)
         installs, check = self.install_cmds(new_dir, lock_path, self.extras)
@@ -550,6 +653,9 @@ class Environment:
                     + " [previous venv left in place]",
                     output_tail=tail(out, 30),
                 )
+        self.built_wheels = self.wheel_digests()
+        if self.built_wheels:
+            self.install_wheels(new_dir, self.built_wheels)
         rc, out = _run(check, 600, env=self.base_env)
         problems = pip_check_problems(out)
         if rc != 0 or problems:
@@ -581,7 +687,7 @@ class Environment:
         )
         if rc != 0:
             raise EnvFailure(f"cannot locate site-packages of {venv_dir}: {tail(out)}")
-        _write_atomic(
+        self.write_file(
             os.path.join(out.strip(), "regen-extra-paths.pth"), "\n".join(self.p["extra_paths"]) + "\n"
         )
 
@@ -629,7 +735,7 @@ class Environment:
         return {
             "changed": False,
             "state": "verified",
-            "path": self.path,
+            "venv": self.path,
             "real_path": os.path.realpath(self.path),
             "fingerprint": "",
             "installer": "external",
@@ -648,6 +754,7 @@ def main():
             lock_source=dict(type="str", default=""),
             extra_packages=dict(type="list", elements="str", default=[]),
             remedy_variable=dict(type="str", default=""),
+            wheels=dict(type="list", elements="path", default=[]),
             extra_paths=dict(type="list", elements="path", default=[]),
             manage=dict(type="bool", default=True),
             python=dict(type="str", default="python3"),
@@ -677,7 +784,7 @@ def main():
         result = Environment(module).run()
     except EnvFailure as exc:
         module.fail_json(
-            msg=exc.msg, environment=module.params["name"], path=module.params["path"], **exc.context
+            msg=exc.msg, environment=module.params["name"], venv=module.params["path"], **exc.context
         )
     except OSError as exc:
         module.fail_json(

@@ -1,0 +1,85 @@
+#!/usr/bin/python
+"""Ansible module: the plan (serving layout, generation kwargs, drafter layout) derived from the facts."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_plan_info
+short_description: Derive the plan every later stage reads from the architecture, tokenizer and GPU facts
+description:
+  - Thin wrapper over C(module_utils/regen_plan.py). Computes the C(plan) section of the model facts
+    (serving parallelism and fit, generation kwargs, drafter layout), each value with a one-line reason.
+  - Checks O(overrides) first and fails, naming every unknown section or key, so an inventory typo
+    never passes silently. Without O(architecture) only that check runs.
+  - Reads nothing from the host and changes nothing; the role runs it on the controller.
+version_added: "0.1.0"
+author: regen maintainers
+options:
+  architecture:
+    description: The C(architecture) document of model_config_info; omit it to only check O(overrides).
+    type: dict
+  tokenizer:
+    description: The C(tokenizer) document of tokenizer_info (without it, its values are unknown).
+    type: dict
+  gpu:
+    description: The C(gpu) document of gpu_info.
+    type: dict
+  overrides:
+    description: Plan values set in inventory (model_facts_plan_overrides), a mapping of section to values.
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Check the plan overrides before reading any facts
+  model_plan_info:
+    overrides: "{{ model_facts_plan_overrides }}"
+  delegate_to: localhost
+
+- name: Derive the plan
+  model_plan_info:
+    architecture: "{{ _arch.architecture }}"
+    tokenizer: "{{ _tok.tokenizer }}"
+    gpu: "{{ _gpu.gpu }}"
+    overrides: "{{ model_facts_plan_overrides }}"
+  delegate_to: localhost
+  register: _plan
+"""
+
+RETURN = r"""
+plan:
+  description: The plan (C(serving), C(generation), C(drafter), C(warnings)); null without O(architecture).
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_plan import make_plan, override_errors
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "architecture": {"type": "dict"},
+            "tokenizer": {"type": "dict"},
+            "gpu": {"type": "dict"},
+            "overrides": {"type": "dict", "default": {}},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    errors = override_errors(p["overrides"])
+    if errors:
+        module.fail_json(msg="; ".join(errors), override_errors=errors)
+    plan = None
+    if p["architecture"] is not None:
+        plan = make_plan(p["architecture"], p["tokenizer"], p["gpu"], p["overrides"])
+    module.exit_json(changed=False, plan=plan)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""File digests the modules share: which files a wheel of the regen project is built from and their digest
+(the wheel cache key), and the sha256 of one file (a wheel, an archive).
+
+Standard library only. The project_wheel module rebuilds the wheel only when the source digest changes, so
+an unchanged checkout keeps the same wheel file (same bytes) and its copy to every host stays changed=0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+# What the build backend reads: the project table, the readme it embeds as the long description, and the
+# package sources (pyproject.toml's `where = ["src"]`).
+PROJECT_FILES = ("pyproject.toml", "README.md")
+SOURCE_DIR = "src"
+_SKIP_DIRS = {"__pycache__", "build", "dist"}
+_SKIP_SUFFIXES = (".pyc", ".pyo")
+
+
+def source_files(project):
+    """Paths (relative to `project`, sorted) of every file a wheel build of `project` reads."""
+    found = [name for name in PROJECT_FILES if os.path.isfile(os.path.join(project, name))]
+    for root, dirs, files in os.walk(os.path.join(project, SOURCE_DIR)):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info"))
+        for name in files:
+            if not name.endswith(_SKIP_SUFFIXES):
+                found.append(os.path.relpath(os.path.join(root, name), project))
+    return sorted(found)
+
+
+def source_digest(project, files):
+    """sha256 over the names and contents of `files` (relative to `project`)."""
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(name.encode("utf-8") + b"\0")
+        with open(os.path.join(project, name), "rb") as handle:
+            digest.update(hashlib.sha256(handle.read()).digest())
+    return digest.hexdigest()
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
