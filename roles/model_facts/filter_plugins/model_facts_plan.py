@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 
 _PLAN_FILE = os.path.normpath(
     os.path.join(
@@ -21,6 +22,9 @@ _MODULE = None
 def _plan_module():
     global _MODULE
     if _MODULE is None:
+        # regen_plan imports its sibling regen_families (the model-family registry) as a plain module here.
+        if os.path.dirname(_PLAN_FILE) not in sys.path:
+            sys.path.append(os.path.dirname(_PLAN_FILE))
         spec = importlib.util.spec_from_file_location("regen_plan_filter_impl", _PLAN_FILE)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
