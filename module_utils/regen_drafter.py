@@ -30,6 +30,8 @@ except ImportError:  # imported as a plain module (the unit tests put module_uti
     from regen_plan import dflash_target_layer_ids, nested, plan_value
 
 DRAFT_ARCHITECTURE = "DFlashDraftModel"
+# The DFlash draft model is itself a Qwen3-architecture model, whatever the target's family.
+DRAFT_MODEL_TYPE = "qwen3"
 DEFAULT_NUM_DRAFT_LAYERS = 5
 DEFAULT_BLOCK_SIZE = 16
 # SpecForge's DFlash loss needs a block of at least two tokens (model_providers._validate_dflash_block_size).
@@ -296,7 +298,7 @@ def draft_config(
 
     config = {
         "architectures": [DRAFT_ARCHITECTURE],
-        "model_type": "qwen3",
+        "model_type": DRAFT_MODEL_TYPE,
         "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
         "hidden_size": hidden,
         "vocab_size": vocab,
