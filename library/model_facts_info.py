@@ -13,7 +13,7 @@ description:
   - Also returns the plan with every C({value, reason}) entry replaced by its value, so tasks and
     templates read C(plan_values.generation.chat_template_kwargs) instead of unwrapping entries in Jinja.
   - Thin wrapper over C(module_utils/regen_plan.py) (C(plan_values)). Reads only; the role
-    C(regen_defaults) runs it on the controller once per stage play.
+    the role C(regen) runs it on the controller once per stage play.
 version_added: "0.1.0"
 author: regen maintainers
 options:
