@@ -153,6 +153,23 @@ def url_host(host):
     return host
 
 
+def _listen_address(spec, default_port, prefix):
+    """(host, port, api_key_set) of a server or router; anything but loopback needs an API key."""
+    host = str(spec.get("host") or "127.0.0.1")
+    port = spec.get("port", default_port)
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if not _is_int(port) or not 1 <= port <= 65535:
+        raise ServingPlanError(f"{prefix}_port must be an integer in 1..65535, got {port!r}")
+    api_key_set = bool(spec.get("api_key_set"))
+    if not is_loopback(host) and not api_key_set:
+        raise ServingPlanError(
+            f"{prefix}_host is {host}, which other machines can reach, but no API key is set; set "
+            "sglang_server_api_key (e.g. from ansible-vault) or bind 127.0.0.1"
+        )
+    return host, port, api_key_set
+
+
 def _check_extra_args(extra_args):
     if extra_args is None:
         return []
@@ -214,18 +231,7 @@ def plan_server(spec):
     python = spec.get("python")
     if not python:
         raise ServingPlanError("sglang_server_python is empty; point it at the serving venv's python")
-    host = str(spec.get("host") or "127.0.0.1")
-    port = spec.get("port", 30000)
-    if isinstance(port, str) and port.isdigit():
-        port = int(port)
-    if not _is_int(port) or not 1 <= port <= 65535:
-        raise ServingPlanError(f"sglang_server_port must be an integer in 1..65535, got {port!r}")
-    api_key_set = bool(spec.get("api_key_set"))
-    if not is_loopback(host) and not api_key_set:
-        raise ServingPlanError(
-            f"sglang_server_host is {host}, which other machines can reach, but no API key is set; set "
-            "sglang_server_api_key (e.g. from ansible-vault) or bind 127.0.0.1"
-        )
+    host, port, api_key_set = _listen_address(spec, 30000, "sglang_server")
     warnings = []
     extra_args = _check_extra_args(spec.get("extra_args"))
     settings = _Settings(spec.get("overrides"), spec.get("facts"))
@@ -541,16 +547,7 @@ def plan_router(spec):
         raise ServingPlanError(
             f"sglang_server_router_policy must be one of {', '.join(ROUTER_POLICIES)}, got {policy!r}"
         )
-    host = str(spec.get("host") or "127.0.0.1")
-    port = spec.get("port", 30100)
-    if not _is_int(port) or not 1 <= port <= 65535:
-        raise ServingPlanError(f"sglang_server_router_port must be an integer in 1..65535, got {port!r}")
-    api_key_set = bool(spec.get("api_key_set"))
-    if not is_loopback(host) and not api_key_set:
-        raise ServingPlanError(
-            f"sglang_server_router_host is {host}, which other machines can reach, but no API key is set; "
-            "set sglang_server_api_key or bind 127.0.0.1"
-        )
+    host, port, api_key_set = _listen_address(spec, 30100, "sglang_server_router")
     argv = [python, "-m", "sglang_router.launch_router", "--worker-urls", *urls, "--policy", policy,
             "--host", host, "--port", str(port)]
     if api_key_set:
