@@ -30,9 +30,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "module_utils"))
+# The shared logic imports its siblings as Ansible does; the checkout's module_utils joins that package.
+import ansible.module_utils
 
-from regen_config import read_model_dir
+ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+from ansible.module_utils.regen_config import read_model_dir
 
 KIMI_BPE_RANKS = 163584
 KIMI_SPECIAL_IDS = 256
@@ -45,8 +47,9 @@ import json, os, sys, tempfile, time
 os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="bench-hf-modules-")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import transformers  # imported before timing: the same fixed cost for every variant
-sys.path.insert(0, sys.argv[1])
-import regen_tokenizer
+import ansible.module_utils
+ansible.module_utils.__path__.append(sys.argv[1])
+from ansible.module_utils import regen_tokenizer
 what, path = sys.argv[2], sys.argv[3]
 start = time.perf_counter()
 if what == "bare":

@@ -61,8 +61,15 @@ sharding=$([ "$device" = cuda ] && echo SHARD_GRAD_OP || echo NO_SHARD)
 "$py" - "$model" "$work" "${SAMPLES:-64}" "${SEQ:-512}" "${STEPS:-20}" "${ATTN:-flex_attention}" "$sharding" <<'EOF'
 import json, random, sys
 from pathlib import Path
-sys.path.insert(0, "module_utils")
-import regen_config, regen_drafter as d
+try:  # the shared logic imports its siblings as ansible.module_utils.*, as Ansible runs it
+    import ansible.module_utils
+    ansible.module_utils.__path__.append("module_utils")
+except ImportError:  # a GPU venv without ansible-core: the checkout's module_utils alone, as that package
+    import types
+    sys.modules["ansible"] = types.ModuleType("ansible")
+    sys.modules["ansible.module_utils"] = mu = types.ModuleType("ansible.module_utils")
+    mu.__path__ = ["module_utils"]
+from ansible.module_utils import regen_config, regen_drafter as d
 import yaml
 from transformers import AutoTokenizer
 

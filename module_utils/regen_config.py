@@ -14,41 +14,18 @@ import os
 import re
 import struct
 
+from ansible.module_utils.regen_families import FAMILIES, TEXT_CONFIG_KEYS
+
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 HF_QUANT_CONFIG_FILE = "hf_quant_config.json"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 
-# model_type values we know how to read; anything else still yields facts, with a warning.
-KNOWN_MODEL_TYPES = frozenset(
-    {
-        "kimi_k2",
-        "kimi_k25",
-        "deepseek_v3",
-        # DeepSeek-V3.2: the V3 schema plus a sparse-attention indexer (index_* keys).
-        "deepseek_v32",
-        "deepseek_v2",
-        "qwen3",
-        "qwen3_moe",
-        "qwen3_next",
-        "qwen3_5",
-        "qwen3_5_text",
-        "qwen3_5_moe",
-        "qwen3_5_moe_text",
-        "gpt_oss",
-        "llama",
-        "mixtral",
-        "glm4_moe",
-        # GLM-4.7-Flash: GLM MoE with DeepSeek-style MLA (q/kv_lora_rank) and n_routed/n_shared experts.
-        "glm4_moe_lite",
-        "mistral",
-        "qwen2",
-        "qwen2_moe",
-    }
-)
-# Keys under which multimodal wrappers nest the language model's config.
-TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
+# The model-family registry says which model_type values we know how to read (anything else still yields
+# facts, with a warning) and under which keys wrappers nest the language model's config.
+KNOWN_MODEL_TYPES = frozenset(FAMILIES)
 
+# Bytes per element by config dtype name (torch_dtype / dtype, and the short names people write).
 DTYPE_BYTES = {
     "float32": 4,
     "fp32": 4,

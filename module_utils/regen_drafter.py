@@ -1,13 +1,12 @@
 """DFlash drafter planning for SpecForge: the draft config, the hidden-state budget, the step horizon.
 
-Standard library only, pure functions: the `drafter_plan` module (roles/drafter_training/library) runs
-this on the training host, and the unit tests call it directly.
+Standard library only, pure functions: the drafter planning module runs this on the training host, and
+the unit tests call it directly.
 
 What follows SpecForge 0.2.0 (the PyPI release regen pins) exactly, because a drafter trained on
 different layers than the server feeds it is silently useless:
-- `build_target_layer_ids` is `specforge.modeling.draft.dflash.build_target_layer_ids`: one draft
-  layer reads the middle layer; n > 1 spread `round(1 + i * (L - 4) / (n - 1))` (Python's round, which
-  rounds halves to even: 29.5 -> 30).
+- the target layers are regen_plan's `dflash_target_layer_ids` (the one copy, which the plan uses too):
+  `specforge.modeling.draft.dflash.build_target_layer_ids`;
 - the draft config has the shape of SpecForge's `configs/*-dflash.json` (a Qwen3-architecture
   `DFlashDraftModel` with `dflash_config.{target_layer_ids, mask_token_id}`, `block_size`,
   `num_target_layers`, `layer_types`), and copies from the target only the architecture fields that
@@ -21,7 +20,13 @@ import json
 import os
 import struct
 
+from ansible.module_utils.regen_config import DTYPE_BYTES
+from ansible.module_utils.regen_families import family_of, text_config
+from ansible.module_utils.regen_plan import dflash_target_layer_ids, nested, plan_value
+
 DRAFT_ARCHITECTURE = "DFlashDraftModel"
+# The DFlash draft model is itself a Qwen3-architecture model, whatever the target's family.
+DRAFT_MODEL_TYPE = "qwen3"
 DEFAULT_NUM_DRAFT_LAYERS = 5
 DEFAULT_BLOCK_SIZE = 16
 # SpecForge's DFlash loss needs a block of at least two tokens (model_providers._validate_dflash_block_size).
@@ -29,28 +34,16 @@ MIN_BLOCK_SIZE = 2
 # Real DFlash drafters for 7168-wide MLA targets (SpecForge configs/kimi-k2.7-code-dflash.json) use GQA
 # with 8 KV heads; never more than the target has.
 DEFAULT_MAX_KV_HEADS = 8
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# dtypes hidden states may be captured in (bytes per element from the config reader's table).
+HIDDEN_STATE_DTYPES = ("bfloat16", "float16", "float32")
 # Every offline feature file also stores input_ids and loss_mask as int64 tensors.
 FEATURE_INDEX_BYTES_PER_TOKEN = 16
 HIDDEN_STATE_MODES = ("auto", "offline", "online")
 
-# SpecForge 0.2.0's registered chat templates (data/template.py) per model family. regen feeds SpecForge
-# pre-tokenized data rendered with the model's own template, so the name only matters if a user switches
-# the run to SpecForge's raw-conversation path (data.train_data_path).
-SPECFORGE_CHAT_TEMPLATES = {
-    "kimi_k25": "kimi-k2-thinking",
-    "kimi_k2": "kimi-k2-instruct",
-    "deepseek_v3": "deepseek-v3",
-    "deepseek_v2": "deepseek-v2",
-    "qwen3": "qwen",
-    "qwen3_moe": "qwen",
-    "qwen3_next": "qwen3-next-thinking",
-    "qwen3_5": "qwen3.5",
-    "qwen3_5_moe": "qwen3.5",
-    "gpt_oss": "gpt-oss",
-    "llama": "llama3",
-    "glm4_moe": "glm-5.2",
-}
+# SpecForge's template when the family has none registered (the model family's name comes from the
+# registry). regen feeds SpecForge pre-tokenized data rendered with the model's own template, so the name
+# only matters if a user switches the run to SpecForge's raw-conversation path (data.train_data_path).
+DEFAULT_SPECFORGE_CHAT_TEMPLATE = "llama3"
 
 # Target architecture fields SpecForge copies into a generated draft config (its whitelist).
 _TARGET_FIELDS = (
@@ -65,7 +58,6 @@ _TARGET_FIELDS = (
     "bos_token_id",
     "eos_token_id",
 )
-_TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
 
 
 class DrafterPlanError(Exception):
@@ -87,22 +79,6 @@ def _int(value):
     return None
 
 
-def _get(mapping, *path):
-    node = mapping
-    for key in path:
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
-def _plain(value):
-    """Plan entries are {"value": ..., "reason": ...} (regen_plan); take the value, accept bare values too."""
-    if isinstance(value, dict) and "value" in value:
-        return value["value"]
-    return value
-
-
 def _first(*values):
     for value in values:
         if value is not None:
@@ -110,37 +86,9 @@ def _first(*values):
     return None
 
 
-def text_config(config):
-    """The language model's part of a config.json (Kimi K2.x nests it under `text_config`)."""
-    if not isinstance(config, dict):
-        return {}
-    for key in _TEXT_CONFIG_KEYS:
-        if isinstance(config.get(key), dict):
-            return config[key]
-    return config
-
-
 # --------------------------------------------------------------------------------------------------
 # Target layers
 # --------------------------------------------------------------------------------------------------
-
-
-def build_target_layer_ids(num_target_layers, num_draft_layers):
-    """The target layers whose hidden states feed the drafter, exactly as SpecForge chooses them."""
-    layers, draft = _int(num_target_layers), _int(num_draft_layers)
-    if layers is None or layers < 1:
-        raise DrafterPlanError(
-            f"the target's num_layers must be a positive integer, got {num_target_layers!r}"
-        )
-    if draft is None or draft < 1:
-        raise DrafterPlanError(
-            f"drafter_training_num_draft_layers must be a positive integer, got {num_draft_layers!r}"
-        )
-    if draft == 1:
-        return [layers // 2]
-    start, end = 1, layers - 3
-    span = end - start
-    return [round(start + (i * span) / (draft - 1)) for i in range(draft)]
 
 
 def check_target_layer_ids(layer_ids, num_target_layers):
@@ -217,7 +165,7 @@ def draft_config(
             "(ansible-playbook regen.yml --tags introspect) or pass regen_model_facts"
         )
     arch = facts["architecture"]
-    plan = {key: _plain(value) for key, value in (_get(facts, "plan", "drafter") or {}).items()}
+    plan = {key: plan_value(value) for key, value in (nested(facts, "plan", "drafter") or {}).items()}
     attention = arch.get("attention") if isinstance(arch.get("attention"), dict) else {}
     text = text_config(target_config) if target_config else {}
     reasons, warnings = {}, []
@@ -255,11 +203,13 @@ def draft_config(
             count_source = "the facts' plan"
         if count is None:
             count, count_source = DEFAULT_NUM_DRAFT_LAYERS, f"the default ({DEFAULT_NUM_DRAFT_LAYERS})"
+        if count < 1:
+            raise DrafterPlanError(f"drafter_training_num_draft_layers must be at least 1, got {count!r}")
         if plan_ids and len(plan_ids) == count:
             ids = check_target_layer_ids(list(plan_ids), layers)
             reasons["target_layer_ids"] = "from the facts' plan (plan.drafter.target_layer_ids)"
         else:
-            ids = check_target_layer_ids(build_target_layer_ids(layers, count), layers)
+            ids = check_target_layer_ids(dflash_target_layer_ids(layers, count), layers)
             reasons["target_layer_ids"] = (
                 f"spread over the target's {layers} layers for {count} draft layers as SpecForge does: "
                 "round(1 + i*(L-4)/(n-1))"
@@ -286,8 +236,8 @@ def draft_config(
         _first(
             mask_token_id,
             plan.get("mask_token_id"),
-            _get(facts, "tokenizer", "mask_token", "id"),
-            _get(facts, "tokenizer", "mask_token_id"),
+            nested(facts, "tokenizer", "mask_token", "id"),
+            nested(facts, "tokenizer", "mask_token_id"),
         )
     )
     if mask is None:
@@ -343,7 +293,7 @@ def draft_config(
 
     config = {
         "architectures": [DRAFT_ARCHITECTURE],
-        "model_type": "qwen3",
+        "model_type": DRAFT_MODEL_TYPE,
         "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
         "hidden_size": hidden,
         "vocab_size": vocab,
@@ -409,8 +359,10 @@ def config_digest(value):
 
 def hidden_state_bytes_per_token(hidden_size, num_layers, dtype="bfloat16"):
     """Bytes of captured hidden state per token: layers x hidden x dtype (Kimi K2.6, 5: 5*7168*2 = 71680)."""
-    if dtype not in DTYPE_BYTES:
-        raise DrafterPlanError(f"unknown hidden-state dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
+    if dtype not in HIDDEN_STATE_DTYPES:
+        raise DrafterPlanError(
+            f"unknown hidden-state dtype {dtype!r}; use one of {sorted(HIDDEN_STATE_DTYPES)}"
+        )
     return int(num_layers) * int(hidden_size) * DTYPE_BYTES[dtype]
 
 
@@ -641,12 +593,10 @@ def specforge_run_config(
 
 
 def specforge_chat_template(arch):
-    """SpecForge's template name for the model family (top-level type first: Kimi K2.6 is `kimi_k25`)."""
-    for key in ("model_type", "text_model_type"):
-        name = SPECFORGE_CHAT_TEMPLATES.get((arch or {}).get(key) or "")
-        if name:
-            return name
-    return "llama3"
+    """SpecForge's template name for the model family (the registry's row: the top-level type first, Kimi
+    K2.6 is `kimi_k25`), else SpecForge's llama3 default."""
+    row = family_of(arch)
+    return (row.specforge_chat_template if row else None) or DEFAULT_SPECFORGE_CHAT_TEMPLATE
 
 
 def sglang_dflash_args(draft_path, block_size):

@@ -1,13 +1,18 @@
 """The plan: serving parallelism, generation kwargs and drafter settings, each with a one-line reason.
 
-Pure functions over the facts documents (architecture, tokenizer, GPU). Self-contained on purpose: the
-model_facts role's filter plugin loads this file by path on the controller, where the other regen
-module_utils are not importable as `ansible.module_utils.*`.
+Pure functions over the facts documents (architecture, tokenizer, GPU); family-specific choices (SGLang
+parsers, thinking switches) come from the model-family registry (regen_families). This module also owns
+the plan's format: every entry is `{"value": v, "reason": "..."}`, and `plan_value` / `plan_entry` /
+`plan_values` are the one way to read it back (a bare value, as an inventory override may give, is
+accepted too). The DFlash target-layer choice lives here once (`dflash_target_layer_ids`); the drafter
+module reuses it.
 """
 
 from __future__ import annotations
 
 import math
+
+from ansible.module_utils.regen_families import THINKING_SWITCHES, family_of
 
 GIB = 1024**3
 DEFAULTS = {
@@ -15,32 +20,6 @@ DEFAULTS = {
     "kv_cache_tokens": 65536,
     "num_draft_layers": 5,
     "block_size": 16,
-}
-
-# SGLang parser names per model family: (reasoning parser, tool-call parser). Names are SGLang 0.5.23's
-# (parser/reasoning_parser_names.py, function_call/parser_names.py); tests/unit/test_serving_argv.py
-# checks every one against that release's argument parser. A reasoning parser is only planned when the
-# tokenizer can think (think tokens or a thinking switch), so DeepSeek-V3 without R1's tokens gets none.
-SGLANG_PARSERS = {
-    "kimi_k2": ("kimi_k2", "kimi_k2"),
-    "kimi_k25": ("kimi_k2", "kimi_k2"),
-    "deepseek_v3": ("deepseek-r1", "deepseekv3"),
-    # DeepSeek-V3.2: thinking toggled by the template like V3.1 (deepseek-v3), its own tool-call format.
-    "deepseek_v32": ("deepseek-v3", "deepseekv32"),
-    "qwen3": ("qwen3", "qwen25"),
-    "qwen3_moe": ("qwen3", "qwen25"),
-    "qwen3_next": ("qwen3", "qwen25"),
-    "qwen3_5": ("qwen3", "qwen25"),
-    "qwen3_5_text": ("qwen3", "qwen25"),
-    "qwen3_5_moe": ("qwen3", "qwen25"),
-    "qwen3_5_moe_text": ("qwen3", "qwen25"),
-    "gpt_oss": ("gpt-oss", "gpt-oss"),
-    "glm4_moe": ("glm45", "glm45"),
-    # GLM-4.7(-Flash): GLM-4.5's reasoning format, the GLM-4.7 tool-call format.
-    "glm4_moe_lite": ("glm45", "glm47"),
-    "llama": (None, "llama3"),
-    "mixtral": (None, "mistral"),
-    "mistral": (None, "mistral"),
 }
 
 PLAN_KEYS = {
@@ -76,14 +55,71 @@ PLAN_KEYS = {
 }
 
 
-def dflash_target_layer_ids(num_target_layers, num_draft_layers):
-    """Target layers whose hidden states feed a DFlash drafter, spread as SpecForge does.
+def nested(doc, *path):
+    """The value at `path` in a facts document, None when any step is missing (the document is another
+    stage's output, so every lookup tolerates absence)."""
+    node = doc
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
 
-    round(1 + i * (L - 4) / (n - 1)) for i in 0..n-1 (Python's round, as SpecForge uses); one draft layer
-    reads the middle layer.
+
+def plan_value(entry):
+    """The value of one plan entry: `{"value": v, "reason": ...}` -> v; a bare value is returned as is."""
+    if isinstance(entry, dict) and "value" in entry:
+        return entry["value"]
+    return entry
+
+
+def plan_entry(section, key):
+    """(present, value, reason) of `section[key]`.
+
+    An entry that is present with a null value is a decision ("no reasoning parser"), not a gap, so
+    callers tell it apart from an absent key. A reason may also sit in a sibling `reasons` mapping.
     """
-    if num_target_layers < 1 or num_draft_layers < 1:
-        raise ValueError("need at least one target and one draft layer")
+    if not isinstance(section, dict) or key not in section:
+        return False, None, None
+    entry = section[key]
+    reason = entry.get("reason") if isinstance(entry, dict) and "value" in entry else None
+    if reason is None:
+        reasons = section.get("reasons")
+        if isinstance(reasons, dict) and isinstance(reasons.get(key), str):
+            reason = reasons[key]
+    return True, plan_value(entry), reason
+
+
+def plan_values(plan):
+    """The whole plan with every entry unwrapped: {section: {key: value}} (non-mapping parts as they are)."""
+    if not isinstance(plan, dict):
+        return {}
+    return {
+        name: ({key: plan_value(entry) for key, entry in section.items()} if isinstance(section, dict)
+               else section)
+        for name, section in plan.items()
+    }
+
+
+def _positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def dflash_target_layer_ids(num_target_layers, num_draft_layers):
+    """Target layers whose hidden states feed a DFlash drafter, exactly as SpecForge chooses them.
+
+    `specforge.modeling.draft.dflash.build_target_layer_ids` (SpecForge 0.2.0): one draft layer reads the
+    middle layer; n > 1 spread round(1 + i * (L - 4) / (n - 1)) for i in 0..n-1 (Python's round, which
+    rounds halves to even: 29.5 -> 30). A drafter trained on other layers than the server feeds it is
+    silently useless, so tests/unit/test_drafter_specforge.py compares this with SpecForge's own.
+    """
+    if not _positive_int(num_target_layers):
+        raise ValueError(f"the target's num_layers must be a positive integer, got {num_target_layers!r}")
+    if not _positive_int(num_draft_layers):
+        raise ValueError(
+            f"the number of draft layers must be a positive integer, got {num_draft_layers!r}; set "
+            "drafter_training_num_draft_layers (or model_facts_plan_overrides.drafter.num_draft_layers)"
+        )
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
@@ -254,28 +290,17 @@ def plan_serving(arch, gpu, planner):
     return section
 
 
-def _family(arch):
-    for key in (arch.get("model_type"), arch.get("text_model_type")):
-        if key in SGLANG_PARSERS:
-            return key
-    return arch.get("model_type")
-
-
 def plan_generation(arch, tokenizer, planner):
     tokenizer = tokenizer or {}
     template = tokenizer.get("chat_template") or {}
     switch = template.get("thinking_switch")
     section = {}
-    if switch in ("thinking", "enable_thinking"):
-        kwargs, reason = (
-            {switch: True},
-            "the chat template reads `{}` (source {})".format(switch, template.get("source")),
-        )
-    elif switch == "reasoning_effort":
-        kwargs, reason = (
-            {"reasoning_effort": "high"},
-            "the chat template reads `reasoning_effort` (low|medium|high)",
-        )
+    if switch in THINKING_SWITCHES:
+        kwargs = {switch: THINKING_SWITCHES[switch]}
+        if THINKING_SWITCHES[switch] is True:
+            reason = "the chat template reads `{}` (source {})".format(switch, template.get("source"))
+        else:
+            reason = f"the chat template reads `{switch}` (low|medium|high)"
     else:
         kwargs, reason = {}, "the chat template has no thinking switch"
     section["thinking_switch"] = planner.pick("generation", "thinking_switch", switch, reason)
@@ -300,9 +325,11 @@ def plan_generation(arch, tokenizer, planner):
         "end-of-turn tokens of the tokenizer plus the config's eos ids",
     )
     section["stop"] = planner.pick("generation", "stop", stop_text, "the same stop tokens as text")
-    family = _family(arch)
-    reasoning, tool = SGLANG_PARSERS.get(family, (None, None))
-    can_think = bool(tokenizer.get("think_tokens")) or switch is not None or family == "gpt_oss"
+    row = family_of(arch)
+    family = row.model_type if row else arch.get("model_type")
+    reasoning, tool = (row.reasoning_parser, row.tool_call_parser) if row else (None, None)
+    always_reasons = bool(row and row.always_reasons)
+    can_think = bool(tokenizer.get("think_tokens")) or switch is not None or always_reasons
     if reasoning and not can_think:
         reasoning_reason = (
             f"{family} family, but the tokenizer has no think tokens and the template no switch"

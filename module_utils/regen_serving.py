@@ -19,7 +19,8 @@ import json
 import os
 import re
 
-from ansible.module_utils.regen_plan import SGLANG_PARSERS
+from ansible.module_utils.regen_families import family_of
+from ansible.module_utils.regen_plan import nested, plan_entry
 
 SGLANG_VERSION = "0.5.23"
 SGLANG_ROUTER_VERSION = "0.3.2"
@@ -36,11 +37,6 @@ MOE_A2A_BACKENDS = (
 API_KEY_ENV = "REGEN_SERVING_API_KEY"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 PCIE_BLACKWELL_ENV = {"NCCL_P2P_DISABLE": "1"}
-
-# Fallback parsers for when the facts carry no generation plan: model_type -> (reasoning, tool call). One
-# table for the plan and the launch line (regen_plan's), checked against SGLang 0.5.23's own choices by
-# tests/unit/test_serving_argv.py.
-PARSERS_BY_MODEL_TYPE = SGLANG_PARSERS
 
 # Flags the role renders itself; passing them again through extra args would make the effective value
 # depend on argparse's last-wins order, so that is refused with the variable to use instead.
@@ -83,37 +79,8 @@ class ServingPlanError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------------
-# Reading facts: the facts document is another stage's output, so every lookup tolerates absence.
+# Reading facts: regen_plan's `nested` and `plan_entry` read the facts and the plan entries.
 # --------------------------------------------------------------------------------------------------
-
-
-def _get(doc, *path):
-    cur = doc
-    for key in path:
-        if not isinstance(cur, dict) or key not in cur:
-            return None
-        cur = cur[key]
-    return cur
-
-
-def _planned(section, key):
-    """A plan entry is a bare value or {"value": v, "reason": "..."}: (present, value, reason).
-
-    An entry that is present with a null value is a decision ("no reasoning parser"), not a gap, so
-    callers tell it apart from an absent key.
-    """
-    if not isinstance(section, dict) or key not in section:
-        return False, None, None
-    entry = section[key]
-    reason = None
-    if isinstance(entry, dict) and "value" in entry:
-        reason = entry.get("reason")
-        entry = entry["value"]
-    if reason is None:
-        reasons = section.get("reasons")
-        if isinstance(reasons, dict) and isinstance(reasons.get(key), str):
-            reason = reasons[key]
-    return True, entry, reason
 
 
 def _is_int(value):
@@ -126,8 +93,8 @@ class _Settings:
     def __init__(self, overrides, facts):
         self.overrides = overrides or {}
         self.facts = facts or {}
-        self.serving = _get(self.facts, "plan", "serving") or {}
-        self.generation = _get(self.facts, "plan", "generation") or {}
+        self.serving = nested(self.facts, "plan", "serving") or {}
+        self.generation = nested(self.facts, "plan", "generation") or {}
         self.table = {}
 
     def pick(self, key, plan_section=None, plan_key=None, fallback=None, fallback_reason=None,
@@ -138,7 +105,7 @@ class _Settings:
         if value is not None:
             return self._set(key, value, "override", f"set in inventory (sglang_server_{key})")
         if plan_section is not None:
-            present, value, reason = _planned(plan_section, plan_key or key)
+            present, value, reason = plan_entry(plan_section, plan_key or key)
             if present and (value is not None or keep_null):
                 return self._set(key, value, "plan", reason or "from the introspection plan")
         return self._set(key, fallback, "default", fallback_reason)
@@ -182,6 +149,23 @@ def url_host(host):
     return host
 
 
+def _listen_address(spec, default_port, prefix):
+    """(host, port, api_key_set) of a server or router; anything but loopback needs an API key."""
+    host = str(spec.get("host") or "127.0.0.1")
+    port = spec.get("port", default_port)
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if not _is_int(port) or not 1 <= port <= 65535:
+        raise ServingPlanError(f"{prefix}_port must be an integer in 1..65535, got {port!r}")
+    api_key_set = bool(spec.get("api_key_set"))
+    if not is_loopback(host) and not api_key_set:
+        raise ServingPlanError(
+            f"{prefix}_host is {host}, which other machines can reach, but no API key is set; set "
+            "sglang_server_api_key (e.g. from ansible-vault) or bind 127.0.0.1"
+        )
+    return host, port, api_key_set
+
+
 def _check_extra_args(extra_args):
     if extra_args is None:
         return []
@@ -203,7 +187,7 @@ def _served_model_name(settings, model_path):
     name = settings.overrides.get("served_model_name")
     if name:
         return settings._set("served_model_name", name, "override", "set in inventory")
-    _present, planned, reason = _planned(settings.serving, "served_model_name")
+    _present, planned, reason = plan_entry(settings.serving, "served_model_name")
     if planned:
         return settings._set("served_model_name", planned, "plan", reason or "from the introspection plan")
     base = os.path.basename(os.path.normpath(model_path)) if model_path else None
@@ -243,18 +227,7 @@ def plan_server(spec):
     python = spec.get("python")
     if not python:
         raise ServingPlanError("sglang_server_python is empty; point it at the serving venv's python")
-    host = str(spec.get("host") or "127.0.0.1")
-    port = spec.get("port", 30000)
-    if isinstance(port, str) and port.isdigit():
-        port = int(port)
-    if not _is_int(port) or not 1 <= port <= 65535:
-        raise ServingPlanError(f"sglang_server_port must be an integer in 1..65535, got {port!r}")
-    api_key_set = bool(spec.get("api_key_set"))
-    if not is_loopback(host) and not api_key_set:
-        raise ServingPlanError(
-            f"sglang_server_host is {host}, which other machines can reach, but no API key is set; set "
-            "sglang_server_api_key (e.g. from ansible-vault) or bind 127.0.0.1"
-        )
+    host, port, api_key_set = _listen_address(spec, 30000, "sglang_server")
     warnings = []
     extra_args = _check_extra_args(spec.get("extra_args"))
     settings = _Settings(spec.get("overrides"), spec.get("facts"))
@@ -291,7 +264,7 @@ def plan_server(spec):
             "port": port,
             "served_model_name": served_name,
             "settings": settings.table,
-            "warnings": warnings + [w for w in (_get(spec.get("facts"), "plan", "warnings") or [])
+            "warnings": warnings + [w for w in (nested(spec.get("facts"), "plan", "warnings") or [])
                                     if isinstance(w, str)],
         }
     )
@@ -314,9 +287,8 @@ def explain(table):
 
 def _plan_sglang(spec, settings, model_path, python, host, port, served_name, warnings):
     facts = settings.facts
-    model_type = _get(facts, "architecture", "model_type")
-    text_type = _get(facts, "architecture", "text_model_type")
-    moe = _get(facts, "architecture", "moe")
+    text_type = nested(facts, "architecture", "text_model_type")
+    moe = nested(facts, "architecture", "moe")
     gpu_count = spec.get("gpu_count")
     nnodes = spec.get("nnodes") or 1
     if not _is_int(nnodes) or nnodes < 1:
@@ -392,10 +364,11 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
             f"moe_a2a_backend {a2a} needs expert parallelism, but ep_size is {ep}"
         )
 
-    fallback_reasoning, fallback_tool = PARSERS_BY_MODEL_TYPE.get(
-        model_type, PARSERS_BY_MODEL_TYPE.get(text_type, (None, None))
-    )
-    family = model_type if model_type in PARSERS_BY_MODEL_TYPE else text_type
+    # Fallback parsers for when the facts carry no generation plan: the model family's (the registry is
+    # checked against SGLang's own choices by tests/unit/test_serving_argv.py).
+    row = family_of(nested(facts, "architecture"))
+    fallback_reasoning, fallback_tool = (row.reasoning_parser, row.tool_call_parser) if row else (None, None)
+    family = row.model_type if row else text_type
     for key, fallback in (("reasoning_parser", fallback_reasoning), ("tool_call_parser", fallback_tool)):
         settings.pick(key, settings.generation, fallback=fallback, keep_null=True,
                       fallback_reason=f"SGLang's parser for model_type {family}" if fallback
@@ -479,7 +452,7 @@ def _gpu_env(spec, settings, per_node):
     settings for PCIe-only Blackwell workstation cards (sm_120), where NCCL's peer-to-peer path hangs
     on the first all-reduce unless IOMMU/ACS are off on the host (NVIDIA/nccl#1999); the role's
     sglang_server_pcie_blackwell_environment (default NCCL_P2P_DISABLE=1) is applied there."""
-    gpu = _get(settings.facts, "environment", "gpu") or {}
+    gpu = nested(settings.facts, "environment", "gpu") or {}
     env = {}
     capabilities = [c for c in gpu.get("compute_capabilities") or [] if isinstance(c, str) and c]
     if capabilities and per_node:
@@ -570,16 +543,7 @@ def plan_router(spec):
         raise ServingPlanError(
             f"sglang_server_router_policy must be one of {', '.join(ROUTER_POLICIES)}, got {policy!r}"
         )
-    host = str(spec.get("host") or "127.0.0.1")
-    port = spec.get("port", 30100)
-    if not _is_int(port) or not 1 <= port <= 65535:
-        raise ServingPlanError(f"sglang_server_router_port must be an integer in 1..65535, got {port!r}")
-    api_key_set = bool(spec.get("api_key_set"))
-    if not is_loopback(host) and not api_key_set:
-        raise ServingPlanError(
-            f"sglang_server_router_host is {host}, which other machines can reach, but no API key is set; "
-            "set sglang_server_api_key or bind 127.0.0.1"
-        )
+    host, port, api_key_set = _listen_address(spec, 30100, "sglang_server_router")
     argv = [python, "-m", "sglang_router.launch_router", "--worker-urls", *urls, "--policy", policy,
             "--host", host, "--port", str(port)]
     if api_key_set:

@@ -21,6 +21,8 @@ import shutil
 import sys
 import tempfile
 
+from ansible.module_utils.regen_families import THINKING_SWITCHES, text_config
+
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 VOCAB_FILES = (
@@ -55,7 +57,6 @@ ROLE_PATTERNS = (
     ("reserved", re.compile(r"reserved", re.IGNORECASE)),
 )
 MASK_NAMES = re.compile(r"^(<\|MASK\|>|\[MASK\]|<mask>|<\|mask\|>)$", re.IGNORECASE)
-THINKING_SWITCHES = ("thinking", "enable_thinking")
 
 DEFAULT_SAMPLE_MESSAGES = [
     {"role": "user", "content": "What is the capital of France?"},
@@ -227,12 +228,8 @@ def analyze_chat_template(text, source):
     facts["variables"] = sorted(
         v for v in variables if v not in ("true", "false", "none", "loop", "namespace")
     )
-    for name in THINKING_SWITCHES:
-        if name in variables:
-            facts["thinking_switch"] = name
-            break
-    if facts["thinking_switch"] is None and "reasoning_effort" in variables:
-        facts["thinking_switch"] = "reasoning_effort"
+    # The registry's switches, in its order (the boolean ones before reasoning_effort).
+    facts["thinking_switch"] = next((name for name in THINKING_SWITCHES if name in variables), None)
     return facts
 
 
@@ -515,7 +512,8 @@ def load_with_library(model_dir, trust_remote_code, sample_messages, switch):
         facts["_template_text"] = template if isinstance(template, str) else None
         facts["rendered_sample"] = None
         if facts["_template_text"] and sample_messages:
-            kwargs = {switch: True} if switch in THINKING_SWITCHES else {}
+            # Rendered with thinking on when a boolean switch turns it on (not with an effort level).
+            kwargs = {switch: True} if THINKING_SWITCHES.get(switch) is True else {}
             text = tok.apply_chat_template(sample_messages, tokenize=False, **kwargs)
             ids = tok.apply_chat_template(sample_messages, tokenize=True, **kwargs)
             if isinstance(ids, dict) or hasattr(ids, "keys"):
@@ -543,8 +541,7 @@ def _config_vocab_size(model_dir):
         return None
     if not isinstance(config, dict):
         return None
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    value = text.get("vocab_size", config.get("vocab_size"))
+    value = text_config(config).get("vocab_size", config.get("vocab_size"))
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

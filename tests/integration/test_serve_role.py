@@ -228,7 +228,7 @@ def test_systemd_unit_rendered_in_check_mode(tmp_path: Path, demo_model_dir: Pat
         sglang_server_gpu_count=8,
         sglang_server_api_key="s3cr3t-key",
         sglang_server_host="0.0.0.0",
-        sglang_server_facts_file=str(facts),
+        regen_facts_file=str(facts),
         sglang_server_unit_dir=str(tmp_path / "units"),
         sglang_server_environment={"TORCH_CUDA_ARCH_LIST": "12.0", "NCCL_P2P_LEVEL": "SYS"},
     )

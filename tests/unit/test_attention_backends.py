@@ -18,9 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "serving"
-sys.path.insert(0, str(ROOT / "module_utils"))
 
-import regen_attention_backends as ab
+from ansible.module_utils import regen_attention_backends as ab
 
 # (row id, compute capability as facts write it, attention kind, attention sinks, expected backend)
 ROW_CASES = [

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from ansible.module_utils import regen_config
 from ansible.module_utils import regen_drafter as d
+from ansible.module_utils.regen_plan import dflash_target_layer_ids
 
 FIXTURES = ROOT / "tests" / "fixtures" / "drafter"
 
@@ -137,20 +138,20 @@ def test_shape_matches_real_specforge_configs(real: str, name: str) -> None:
     ],
 )
 def test_target_layer_spread(layers: int, draft: int, expected: list[int]) -> None:
-    assert d.build_target_layer_ids(layers, draft) == expected
+    assert dflash_target_layer_ids(layers, draft) == expected
 
 
 @given(layers=st.integers(min_value=5, max_value=200), data=st.data())
 def test_spread_is_distinct_and_spans_the_target(layers: int, data: st.DataObject) -> None:
     draft = data.draw(st.integers(min_value=2, max_value=layers - 3))
-    ids = d.build_target_layer_ids(layers, draft)
+    ids = dflash_target_layer_ids(layers, draft)
     assert d.check_target_layer_ids(ids, layers) == ids
     assert ids[0] == 1 and ids[-1] == layers - 3 and len(ids) == draft
 
 
 def test_too_many_draft_layers_for_a_small_target_is_a_clear_error() -> None:
     with pytest.raises(d.DrafterPlanError, match="use fewer draft layers"):
-        d.check_target_layer_ids(d.build_target_layer_ids(6, 5), 6)
+        d.check_target_layer_ids(dflash_target_layer_ids(6, 5), 6)
 
 
 def test_plan_values_are_used_and_inventory_overrides_them() -> None:

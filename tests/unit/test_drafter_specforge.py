@@ -23,6 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 from ansible.module_utils import regen_drafter as d
+from ansible.module_utils.regen_families import FAMILIES
+from ansible.module_utils.regen_plan import dflash_target_layer_ids
 
 FIXTURES = ROOT / "tests" / "fixtures" / "drafter"
 # SpecForge 0.2.0 and the transformers it pins; the other three are what that transformers release needs
@@ -78,8 +80,10 @@ DRIVER = r"""
 import json, sys
 from regen.training.validate import check_draft_config, check_run_config
 from specforge.modeling.draft.dflash import build_target_layer_ids
+from specforge.data.template import TEMPLATE_REGISTRY
 import transformers, specforge.config
-out = {"transformers": transformers.__version__, "spread": {}, "cases": {}}
+out = {"transformers": transformers.__version__, "spread": {}, "cases": {},
+       "templates": sorted(TEMPLATE_REGISTRY.get_all_template_names())}
 for layers in range(2, 131):
     for draft in range(1, 11):
         out["spread"][f"{layers}/{draft}"] = build_target_layer_ids(layers, draft)
@@ -192,10 +196,18 @@ def test_the_venv_runs_specforges_pinned_transformers(specforge: dict) -> None:
     assert specforge["transformers"] == "5.8.1"
 
 
+def test_every_family_template_is_registered_in_specforge(specforge: dict) -> None:
+    # The registry's SpecForge column (and the fallback) must name templates SpecForge 0.2.0 registers.
+    names = {row.specforge_chat_template for row in FAMILIES.values() if row.specforge_chat_template}
+    names.add(d.DEFAULT_SPECFORGE_CHAT_TEMPLATE)
+    assert "kimi-k2-thinking" in specforge["templates"]  # the list is SpecForge's real registry
+    assert names - set(specforge["templates"]) == set()
+
+
 def test_our_layer_spread_is_specforges(specforge: dict) -> None:
     for key, theirs in specforge["spread"].items():
         layers, draft = map(int, key.split("/"))
-        assert d.build_target_layer_ids(layers, draft) == theirs, key
+        assert dflash_target_layer_ids(layers, draft) == theirs, key
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,14 @@ FIXTURES = ROOT / "tests" / "fixtures" / "configs"
 
 from ansible.module_utils.regen_config import read_model_dir
 from ansible.module_utils.regen_gpu import _gpu_record, summarize
-from ansible.module_utils.regen_plan import dflash_target_layer_ids, make_plan
+from ansible.module_utils.regen_plan import (
+    dflash_target_layer_ids,
+    make_plan,
+    nested,
+    plan_entry,
+    plan_value,
+    plan_values,
+)
 from ansible.module_utils.regen_tokenizer import gather as tokenizer_facts
 
 from tests.helpers.modules import run_module
@@ -194,6 +201,29 @@ def test_demo_model_on_cpu(request: pytest.FixtureRequest, tmp_path_factory: pyt
     assert drafter["num_draft_layers"] == max(1, min(5, layers - 3))
     assert drafter["target_layer_ids"] == dflash_target_layer_ids(layers, drafter["num_draft_layers"])
     assert drafter["mask_token_id"] == tok["mask_token"]["id"] is not None
+
+
+def test_plan_entries_read_back_one_way() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8), {"serving": {"tp_size": 4}})
+    values = plan_values(plan)
+    assert set(values) == {"serving", "generation", "drafter", "warnings"}
+    for section in ("serving", "generation", "drafter"):
+        assert values[section] == {key: entry["value"] for key, entry in plan[section].items()}
+    assert values["serving"]["tp_size"] == 4 and values["warnings"] == plan["warnings"]
+    # a bare value (an inventory override) is its own value; a planned null is present, an absent key not
+    assert plan_value(7) == 7 and plan_value({"value": None, "reason": "r"}) is None
+    assert plan_entry({"p": {"value": None, "reason": "none known"}}, "p") == (True, None, "none known")
+    assert plan_entry({"p": 3, "reasons": {"p": "legacy"}}, "p") == (True, 3, "legacy")
+    assert plan_entry({}, "p") == (False, None, None) and plan_values(None) == {}
+    assert nested(plan, "serving", "tp_size", "value") == 4
+    assert nested(plan, "serving", "nope", "value") is None
+
+
+def test_target_layers_refuse_what_specforge_cannot_spread() -> None:
+    with pytest.raises(ValueError, match="drafter_training_num_draft_layers"):
+        dflash_target_layer_ids(61, 0)
+    with pytest.raises(ValueError, match="num_layers must be a positive integer"):
+        dflash_target_layer_ids(True, 1)
 
 
 def test_plan_module_returns_the_planner_s_plan(capsys: pytest.CaptureFixture[str]) -> None:

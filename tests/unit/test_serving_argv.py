@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "serving"
 
 from ansible.module_utils import regen_serving
+from ansible.module_utils.regen_families import FAMILIES
 
 CASES = sorted(p.name[: -len(".spec.json")] for p in FIXTURES.glob("*.spec.json"))
 sys.path.insert(0, str(FIXTURES))
@@ -145,12 +146,13 @@ def test_the_parser_rejects_what_sglang_does_not_know(sglang_parse):
 
 
 def test_parser_choices_match_what_the_planner_assumes(sglang_parse):
-    # The planner's fallback parser names and a2a backends must be choices of the pinned release.
-    parsers = {p for pair in regen_serving.PARSERS_BY_MODEL_TYPE.values() for p in pair if p}
-    items = [("server", ["--model-path", "/m", "--reasoning-parser", r])
-             for r in sorted({pair[0] for pair in regen_serving.PARSERS_BY_MODEL_TYPE.values() if pair[0]})]
-    items += [("server", ["--model-path", "/m", "--tool-call-parser", t])
-              for t in sorted({pair[1] for pair in regen_serving.PARSERS_BY_MODEL_TYPE.values() if pair[1]})]
+    # The model-family registry's parser names (the plan's and the launch line's) and the a2a backends
+    # must be choices of the pinned release.
+    reasoning = sorted({row.reasoning_parser for row in FAMILIES.values() if row.reasoning_parser})
+    tools = sorted({row.tool_call_parser for row in FAMILIES.values() if row.tool_call_parser})
+    parsers = set(reasoning) | set(tools)
+    items = [("server", ["--model-path", "/m", "--reasoning-parser", r]) for r in reasoning]
+    items += [("server", ["--model-path", "/m", "--tool-call-parser", t]) for t in tools]
     items += [("server", ["--model-path", "/m", "--moe-a2a-backend", b])
               for b in regen_serving.MOE_A2A_BACKENDS]
     items += [("router", ["--worker-urls", "http://a:1", "--policy", p])
