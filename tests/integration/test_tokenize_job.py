@@ -424,7 +424,7 @@ def test_gzip_input_and_blank_lines_give_the_same_samples(demo_model_dir, comple
 
 def test_an_unexpected_error_costs_one_row_not_the_job(demo_model_dir, tmp_path, monkeypatch):
     """Fault injection: a stub around the encoder raises a non-RowError for one conversation."""
-    from regen.tokenize.encode import PieceEncoder
+    from regen.tokenization.encode import PieceEncoder
 
     real = PieceEncoder.encode_many
 

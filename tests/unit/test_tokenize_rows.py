@@ -8,14 +8,14 @@ import zlib
 
 import pytest
 
-from regen.tokenize.conversation import RowError, conversation_from_record
-from regen.tokenize.policy import (
+from regen.tokenization.conversation import RowError, conversation_from_record
+from regen.tokenization.policy import (
     apply_length_policy,
     check_mask_token,
     check_supervision,
     has_consecutive_supervised_tokens,
 )
-from regen.tokenize.stats import Stats, bars_png, histogram, report
+from regen.tokenization.stats import Stats, bars_png, histogram, report
 
 
 def reason(record) -> str:

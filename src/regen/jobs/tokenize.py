@@ -20,8 +20,8 @@ the settings is skipped, so a killed run resumes and a re-run over unchanged inp
 Every file is written to a temporary name and renamed; the marker is written last.
 
 What is trained on (loss mask 1): each assistant turn after its generation prompt, through its end-of-turn
-token; system, user and tool turns and the role headers are 0. See `regen.tokenize.render` for the
-reasoning policies (--reasoning) and `regen.tokenize.encode` for how the mask meets the tokens.
+token; system, user and tool turns and the role headers are 0. See `regen.tokenization.render` for the
+reasoning policies (--reasoning) and `regen.tokenization.encode` for how the mask meets the tokens.
 
 Exit codes: 0 done (rows left out are counted in stats.json and listed in rejects.jsonl); 2 bad arguments,
 an unusable tokenizer or template, or a mask token id the tokenizer does not have; 130 interrupted.
@@ -137,8 +137,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = True) -> Any:
 def _init_worker(settings: Settings) -> None:
     if _CTX.get("settings") == settings:
         return  # a forked worker inherits the driver's tokenizer, renderer and encoder
-    from regen.tokenize.encode import PieceEncoder
-    from regen.tokenize.render import ChatRenderer, TemplateError
+    from regen.tokenization.encode import PieceEncoder
+    from regen.tokenization.render import ChatRenderer, TemplateError
 
     tokenizer = load_tokenizer(settings.tokenizer, settings.trust_remote_code)
     try:
@@ -220,9 +220,9 @@ def process_shard(task: ShardTask) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from regen.tokenize.conversation import RowError, conversation_from_record
-    from regen.tokenize.policy import apply_length_policy, check_supervision
-    from regen.tokenize.stats import Stats
+    from regen.tokenization.conversation import RowError, conversation_from_record
+    from regen.tokenization.policy import apply_length_policy, check_supervision
+    from regen.tokenization.stats import Stats
 
     settings: Settings = _CTX["settings"]
     renderer, encoder = _CTX["renderer"], _CTX["encoder"]
@@ -558,8 +558,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from regen.tokenize.policy import check_mask_token
-    from regen.tokenize.stats import Stats, histogram_png, report
+    from regen.tokenization.policy import check_mask_token
+    from regen.tokenization.stats import Stats, histogram_png, report
 
     settings = build_settings(args)
     out = Path(args.output_dir)
