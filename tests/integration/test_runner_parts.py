@@ -252,7 +252,7 @@ def test_the_recorded_command_line_tells_tags_mode_and_inventory(tmp_path: Path)
 
 
 def test_descendants_in_their_own_sessions_are_ended(tmp_path: Path) -> None:
-    from regen.runner import procs
+    from regen import procs
 
     # A parent with a child in the same group and one that called setsid, like Ansible's workers.
     script = (
@@ -269,12 +269,12 @@ def test_descendants_in_their_own_sessions_are_ended(tmp_path: Path) -> None:
         child_a, child_b = (int(x) for x in parent.stdout.readline().split())
         found = {p.pid: p for p in procs.descendants(parent.pid)}
         assert {child_a, child_b} <= set(found)
-        assert found[child_b].pgid == child_b != found[child_a].pgid
+        assert os.getpgid(child_b) == child_b != os.getpgid(child_a)
         os.killpg(parent.pid, 9)  # what ansible-runner does to ansible-playbook's group
         parent.wait(10)
-        assert procs._alive(found[child_b]), "the setsid child survives runner's kill"
+        assert procs.still_running(found[child_b]), "the setsid child survives runner's kill"
         assert set(procs.terminate(list(found.values()), grace=5)) >= {child_b}
-        assert not procs._alive(found[child_a]) and not procs._alive(found[child_b])
+        assert not procs.still_running(found[child_a]) and not procs.still_running(found[child_b])
     finally:
         if parent.poll() is None:
             parent.kill()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from regen import procs
 from regen.serving import supervisor
 from regen.serving.diagnose import diagnose, stage_of, tail
 
@@ -81,16 +82,16 @@ def test_start_is_idempotent_restarts_on_change_and_stops(state_dir, site):
     changed = dict(spec, env={"REGEN_TEST": "2"})
     check = supervisor.start(changed, check=True)
     assert (check["changed"], check["action"], check["pid"]) == (True, "restarted", first["pid"])
-    assert supervisor._alive(first["pid"])  # check mode touched nothing
+    assert procs.alive(first["pid"])  # check mode touched nothing
     restarted = supervisor.start(changed)
     assert restarted["action"] == "restarted" and restarted["pid"] != first["pid"]
-    assert not supervisor._alive(first["pid"])
+    assert not procs.alive(first["pid"])
     assert _wait(state_dir, port)["ready"]
 
     status = supervisor.status(str(state_dir), "t")
     assert status["running"] and status["pid"] == restarted["pid"]
     stopped = supervisor.stop(str(state_dir), "t")
-    assert stopped["changed"] and not supervisor._alive(restarted["pid"])
+    assert stopped["changed"] and not procs.alive(restarted["pid"])
     assert supervisor.stop(str(state_dir), "t")["changed"] is False
     assert (state_dir / "t.log").exists()
     removed = supervisor.stop(str(state_dir), "t", remove=True)

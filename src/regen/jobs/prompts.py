@@ -40,21 +40,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.fsio import atomic_write_json, fsync_dir, write_all
+
 from .. import __version__
 from ._common import (
     EXIT_OK,
     JobError,
     add_logging_arguments,
-    atomic_write_json,
     canonical_json,
     decode_json_line,
-    fsync_dir,
     iter_lines,
     kv,
     run_main,
     setup_logging,
     sha256_file,
-    write_all,
 )
 
 log = logging.getLogger("regen.jobs.prompts")

@@ -45,13 +45,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.fsio import atomic_write_bytes
 from regen.jobs._common import (
     EXIT_OK,
     JobError,
     StatusFile,
     add_logging_arguments,
     add_status_arguments,
-    atomic_write_bytes,
     count_lines,
     decode_json_line,
     kv,

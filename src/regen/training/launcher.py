@@ -18,7 +18,6 @@ the command itself worked (a failed training is a status, not a launcher error),
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from regen import procs
 from regen.training.status import (
     FINAL_STATES,
     apply_line,
@@ -127,23 +127,6 @@ def run(cmd: list[str], status_path: str, log_path: str, total_steps: int | None
 # --------------------------------------------------------------------------------------------------
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    try:
-        with open(f"/proc/{int(pid)}/stat", encoding="ascii") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _unit_active(unit: str | None) -> bool:
     if not unit or shutil.which("systemctl") is None:
         return False
@@ -156,7 +139,7 @@ def alive(status: dict[str, Any] | None) -> bool:
         return False
     if status.get("mode") == "systemd":
         return _unit_active(status.get("unit"))
-    return _pid_alive(status.get("supervisor_pid"))
+    return procs.alive(status.get("supervisor_pid"))
 
 
 def current_status(status_path: str) -> dict[str, Any] | None:
@@ -242,14 +225,8 @@ def start(args: argparse.Namespace) -> int:
     else:
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         with open(f"{args.log}.supervisor", "a", encoding="utf-8") as out:
-            proc = subprocess.Popen(
-                supervisor,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=args.workdir or None,
-                env={**os.environ, **env_pairs},
-                start_new_session=True,
+            proc = procs.spawn_detached(
+                supervisor, output=out, env={**os.environ, **env_pairs}, cwd=args.workdir
             )
         launch["supervisor_pid"] = proc.pid
         write_status(args.status, launch)
@@ -272,14 +249,7 @@ def stop(args: argparse.Namespace) -> int:
     if status.get("mode") == "systemd":
         subprocess.run(["systemctl", "stop", status["unit"]], check=False)
     else:
-        pid = int(status["supervisor_pid"])
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(os.getpgid(pid), signal.SIGTERM)
-        deadline = time.monotonic() + args.timeout
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _pid_alive(pid):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        procs.stop_group(int(status["supervisor_pid"]), args.timeout)
     _emit({"stopped": True, "status": current_status(args.status)})
     return 0
 

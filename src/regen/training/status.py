@@ -14,13 +14,13 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from regen.fsio import atomic_write_json
 
 STEP_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?step (?P<step>\d+): (?P<metrics>\{.*\})\s*$")
 # Lines that name why a run failed; the last one seen is reported.
@@ -149,18 +149,8 @@ def progress_line(status: dict[str, Any]) -> str:
 
 def write_status(path: str | Path, status: dict[str, Any]) -> None:
     """Atomic replace: readers see the old or the new document, never a torn one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     status["line"] = progress_line(status)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(status, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_json(path, status, durable=False)
 
 
 def read_status(path: str | Path) -> dict[str, Any] | None:

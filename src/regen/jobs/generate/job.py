@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from regen import __version__
+from regen.fsio import atomic_write_json, write_all
 from regen.jobs._common import (
     EXIT_FAILED_RECORDS,
     EXIT_INTERRUPTED,
@@ -26,13 +27,11 @@ from regen.jobs._common import (
     JobError,
     Reservoir,
     StatusFile,
-    atomic_write_json,
     count_lines,
     fmt_seconds,
     iter_lines,
     kv,
     make_progress,
-    write_all,
 )
 from regen.jobs._ledger import ShardStore, id_digest, line_id
 from regen.jobs.generate.endpoints import Endpoint, EndpointPool, EndpointsDown
