@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.fsio import atomic_write_bytes
+from regen.fsio import AtomicFile, atomic_write_bytes
 from regen.jobs._common import (
     EXIT_OK,
     JobError,
@@ -475,15 +475,10 @@ def _committed(out: Path, task: ShardTask) -> dict[str, Any] | None:
 
 def _concat(out: Path, names: list[str], sub: str, target: str) -> None:
     """Merge shard files in shard order into one file, atomically."""
-    dest = out / target
-    tmp = out / f".{target}.tmp"
-    with open(tmp, "wb") as fh:
+    with AtomicFile(out / target) as merged:
         for name in names:
             with open(out / sub / f"{name}.jsonl", "rb") as src:
-                shutil.copyfileobj(src, fh, 1 << 20)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, dest)
+                shutil.copyfileobj(src, merged.file, 1 << 20)
 
 
 def _lock(out: Path) -> Any:
