@@ -93,7 +93,7 @@ def generation_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]
                 "generate",
                 f"{name}: {status.get('done')} done, {status.get('failed')} failed, "
                 f"{status.get('truncated', 0)} hit max_tokens, tokens in/out "
-                f"{status.get('tokens_in')}/{status.get('tokens_out')}{latency}"
+                f"{status.get('tokens_in')}/{status.get('tokens')}{latency}"
                 f" -> {status.get('output_dir')}",
             )
         )
@@ -115,7 +115,7 @@ def tokenize_lines(stats: Record, histogram: Path | None) -> list[tuple[str, str
 def training_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]]:
     lines = []
     for name, status in statuses:
-        text = f"{name}: {status.get('state')}, step {status.get('step')}/{status.get('total_steps')}"
+        text = f"{name}: {status.get('state')}, step {status.get('done')}/{status.get('total')}"
         if isinstance(status.get("loss"), int | float):
             text += f", loss {status['loss']:.4f}"
         if status.get("error"):

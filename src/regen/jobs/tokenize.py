@@ -61,6 +61,7 @@ from regen.jobs._common import (
     setup_logging,
     want_progress,
 )
+from regen.jobs.status import Status
 
 log = logging.getLogger("regen.jobs.tokenize")
 
@@ -606,20 +607,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     written = 0
     started = time.monotonic()
 
-    def status_doc(state: str) -> dict[str, Any]:
-        return {
-            "state": state,
-            "pid": os.getpid(),
-            "rows_total": rows_total,
-            "rows_done": totals.input_rows,
-            "samples": totals.samples,
-            "tokens": totals.tokens,
-            "rejected": sum(totals.rejected.values()),
-            "shards_done": len(names),
-            "shards_written": written,
-            "elapsed_s": round(time.monotonic() - started, 1),
-            "updated": time.time(),
-        }
+    def status_doc(state: str, **final: Any) -> dict[str, Any]:
+        """The status document (`regen.jobs.status`); `final` adds the job's summary at the end."""
+        rejected = sum(totals.rejected.values())
+        line = (
+            f"tokenize: state={state} rows={totals.input_rows}/{rows_total} samples={totals.samples} "
+            f"tokens={totals.tokens} rejected={rejected} shards={len(names)}"
+        )
+        return Status(
+            job="tokenize",
+            state=state,
+            item="row",
+            line=line,
+            done=totals.input_rows,
+            total=rows_total,
+            tokens=totals.tokens,
+        ).document(
+            samples=totals.samples,
+            rejected=rejected,
+            shards_done=len(names),
+            shards_written=written,
+            elapsed_s=round(time.monotonic() - started, 1),
+            **final,
+        )
 
     def account(marker: dict[str, Any]) -> None:
         shard = Stats.from_json(marker["stats"])
@@ -721,7 +731,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "elapsed_s": round(time.monotonic() - started, 3),
         "output_dir": str(out),
     }
-    status.maybe_write(lambda: {**status_doc("done"), "summary": summary}, force=True, durable=True)
+    status.maybe_write(lambda: status_doc("done", result=summary), force=True, durable=True)
     return summary
 
 

@@ -62,7 +62,7 @@ def has_systemd() -> bool:
 def run(cmd: list[str], status_path: str, log_path: str, total_steps: int | None, cwd: str | None) -> int:
     previous = read_status(status_path) or {}
     status = new_status(total_steps, **{k: previous[k] for k in _LAUNCH_KEYS if k in previous})
-    status.update(state="starting", supervisor_pid=os.getpid(), command=cmd)
+    status.update(state="starting", pid=os.getpid(), command=cmd)
     write_status(status_path, status)
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -139,7 +139,7 @@ def alive(status: dict[str, Any] | None) -> bool:
         return False
     if status.get("mode") == "systemd":
         return _unit_active(status.get("unit"))
-    return procs.alive(status.get("supervisor_pid"))
+    return procs.alive(status.get("pid"))
 
 
 def current_status(status_path: str) -> dict[str, Any] | None:
@@ -188,17 +188,15 @@ def start(args: argparse.Namespace) -> int:
     env_pairs["PYTHONPATH"] = os.pathsep.join(
         p for p in (_PACKAGE_ROOT, env_pairs.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")) if p
     )
-    launch = {
-        "mode": mode,
-        "unit": args.name if mode == "systemd" else None,
-        "launched_at": time.time(),
-        "command": args.cmd,
-        "log": args.log,
-        "state": "starting",
-        "step": 0,
-        "total_steps": args.total_steps,
+    launch = new_status(
+        args.total_steps,
+        mode=mode,
+        unit=args.name if mode == "systemd" else None,
+        launched_at=time.time(),
+        command=args.cmd,
+        log=args.log,
         **json.loads(args.meta or "{}"),
-    }
+    )
     write_status(args.status, launch)
     if mode == "systemd":
         # A failed unit of the same name blocks reuse of the name until it is reset.
@@ -228,7 +226,7 @@ def start(args: argparse.Namespace) -> int:
             proc = procs.spawn_detached(
                 supervisor, output=out, env={**os.environ, **env_pairs}, cwd=args.workdir
             )
-        launch["supervisor_pid"] = proc.pid
+        launch["pid"] = proc.pid
         write_status(args.status, launch)
     _emit(
         {
@@ -249,7 +247,7 @@ def stop(args: argparse.Namespace) -> int:
     if status.get("mode") == "systemd":
         subprocess.run(["systemctl", "stop", status["unit"]], check=False)
     else:
-        procs.stop_group(int(status["supervisor_pid"]), args.timeout)
+        procs.stop_group(int(status["pid"]), args.timeout)
     _emit({"stopped": True, "status": current_status(args.status)})
     return 0
 
@@ -259,11 +257,11 @@ def wait_status(args: argparse.Namespace) -> int:
     unless --until-final."""
     status = current_status(args.status)
     deadline = time.monotonic() + args.wait
-    first = (status or {}).get("step"), (status or {}).get("state")
+    first = (status or {}).get("done"), (status or {}).get("state")
     while status and status.get("state") not in (*FINAL_STATES, "lost") and time.monotonic() < deadline:
         time.sleep(min(1.0, args.wait))
         status = current_status(args.status)
-        if status and not args.until_final and ((status.get("step"), status.get("state")) != first):
+        if status and not args.until_final and ((status.get("done"), status.get("state")) != first):
             break
     if status is None:
         status = {"state": "absent", "line": "absent | no training was launched here"}

@@ -52,6 +52,7 @@ from regen.jobs.generate.rows import (
     resolve_inputs,
     turn_plan,
 )
+from regen.jobs.status import Status
 
 log = logging.getLogger("regen.jobs.generate")
 
@@ -210,49 +211,54 @@ class GenerateJob:
 
     # ------------------------------------------------------------------ status
 
-    def _status_doc(self) -> dict[str, Any]:
+    def _status_doc(self, exit_code: int | None = None) -> dict[str, Any]:
+        """The status document (`regen.jobs.status`), with this job's own details beside its keys."""
         st = self.stats
         elapsed = time.monotonic() - self._t0
         rate = st.done / elapsed if elapsed > 0 else 0.0
         accounted = st.done + st.dropped + st.failed + st.skipped + st.duplicates
         remaining = (self.total - accounted) if self.total is not None else None
         eta = (remaining / rate) if (remaining is not None and rate > 0) else None
-        return {
-            "job": "generate",
-            "state": self._state,
-            "pid": os.getpid(),
-            "started_at": self.started,
-            "updated_at": time.time(),
-            "elapsed_s": round(elapsed, 3),
-            "generating_s": round(self._last_write - self._first_request, 3)
+        status = Status(
+            job="generate",
+            state=self._state,
+            item="record",
+            line=self.summary_line(),
+            done=st.done,
+            total=self.total,
+            failed=st.failed,
+            tokens=st.tokens_out,
+            tokens_per_s=round(st.tokens_out / elapsed, 1) if elapsed else 0.0,
+            eta_s=round(eta, 1) if eta is not None else None,
+            exit_code=exit_code,
+            error=str(self.pool.fatal) if self.pool.fatal is not None else None,
+        )
+        return status.document(
+            started_at=self.started,
+            elapsed_s=round(elapsed, 3),
+            generating_s=round(self._last_write - self._first_request, 3)
             if (self._first_request is not None and self._last_write is not None)
             else None,
-            "output_dir": str(self.s.output_dir),
-            "inputs": [str(i) for i in self.s.inputs],
-            "total": self.total,
-            "done": st.done,
-            "dropped": st.dropped,
-            "failed": st.failed,
-            "invalid": st.invalid,
-            "skipped": st.skipped,
-            "duplicates": st.duplicates,
-            "truncated": st.truncated,
-            "in_flight": len(self._inflight),
-            "remaining": remaining,
-            "tokens_in": st.tokens_in,
-            "tokens_out": st.tokens_out,
-            "requests": st.requests,
-            "retries": st.retries,
-            "records_per_s": round(rate, 3),
-            "tokens_out_per_s": round(st.tokens_out / elapsed, 1) if elapsed else 0,
-            "eta_s": round(eta, 1) if eta is not None else None,
-            "latency_p50_s": self.latency.quantile(0.5),
-            "latency_p99_s": self.latency.quantile(0.99),
-            "outage_s": round(self.pool.outage_seconds(), 1),
-            "endpoints": [ep.public() for ep in self.pool.endpoints],
-            "recovery": self.store.report.as_dict(),
-            "provenance": self._provenance,
-        }
+            output_dir=str(self.s.output_dir),
+            inputs=[str(i) for i in self.s.inputs],
+            dropped=st.dropped,
+            invalid=st.invalid,
+            skipped=st.skipped,
+            duplicates=st.duplicates,
+            truncated=st.truncated,
+            in_flight=len(self._inflight),
+            remaining=remaining,
+            tokens_in=st.tokens_in,
+            requests=st.requests,
+            retries=st.retries,
+            records_per_s=round(rate, 3),
+            latency_p50_s=self.latency.quantile(0.5),
+            latency_p99_s=self.latency.quantile(0.99),
+            outage_s=round(self.pool.outage_seconds(), 1),
+            endpoints=[ep.public() for ep in self.pool.endpoints],
+            recovery=self.store.report.as_dict(),
+            provenance=self._provenance,
+        )
 
     def summary_line(self) -> str:
         st = self.stats
@@ -648,12 +654,10 @@ class GenerateJob:
         if self._bar is not None:
             self._refresh_bar()
             self._bar.close()
-        doc = self._status_doc()
-        doc["exit_code"] = code
-        doc["summary"] = self.summary_line()
+        doc = self._status_doc(exit_code=code)
         if self.s.status_file is not None:
             atomic_write_json(self.s.status_file, doc)
-        print(doc["summary"], flush=True)
+        print(doc["line"], flush=True)
         if st.failed:
             print(
                 f"generate: {st.failed} prompt(s) failed; reasons in {self.s.output_dir / 'errors.jsonl'}; "
