@@ -156,18 +156,47 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root.propagate = False
 
 
-def add_logging_arguments(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """--log-level and --log-format, the same for every job; pass the values to `setup_logging`."""
+def job_parser(
+    prog: str, description: str | None, *, status: bool, progress: bool
+) -> argparse.ArgumentParser:
+    """The parser of a job CLI, with the flags every job shares from one parent parser.
+
+    Always --log-level/--log-format (pass them to `setup_logging`) and --version; with `status`,
+    --status-file/--status-interval (the job's `StatusFile`, OUTPUT_DIR/status.json by default); with
+    `progress`, --progress/--no-progress (see `want_progress`).
+    """
+    return argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_common_flags(status=status, progress=progress)],
+    )
+
+
+def _common_flags(*, status: bool, progress: bool) -> argparse.ArgumentParser:
+    from regen import __version__
+
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("logging, status and progress")
     group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     group.add_argument("--log-format", default="text", choices=("text", "json"))
-
-
-def add_status_arguments(
-    group: argparse.ArgumentParser | argparse._ArgumentGroup, *, interval_help: str | None = None
-) -> None:
-    """--status-file and --status-interval for the jobs that keep a `StatusFile` (OUTPUT_DIR/status.json)."""
-    group.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
-    group.add_argument("--status-interval", type=float, default=2.0, help=interval_help)
+    group.add_argument("--version", action="version", version=f"regen {__version__}")
+    if status:
+        group.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
+        group.add_argument(
+            "--status-interval", type=float, default=2.0, help="seconds between status updates (default 2)"
+        )
+    if progress:
+        bar = group.add_mutually_exclusive_group()
+        bar.add_argument(
+            "--progress",
+            dest="progress",
+            action="store_true",
+            default=None,
+            help="progress bar (default: when stderr is a terminal)",
+        )
+        bar.add_argument("--no-progress", dest="progress", action="store_false")
+    return parent
 
 
 def kv(**fields: Any) -> dict[str, Any]:

@@ -46,10 +46,10 @@ from .. import __version__
 from ._common import (
     EXIT_OK,
     JobError,
-    add_logging_arguments,
     canonical_json,
     decode_json_line,
     iter_lines,
+    job_parser,
     kv,
     run_main,
     setup_logging,
@@ -696,11 +696,7 @@ def _remove_stale(out: Path, keep: set[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m regen.jobs.prompts",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = job_parser("python -m regen.jobs.prompts", __doc__, status=False, progress=False)
     p.add_argument(
         "--source",
         action="append",
@@ -716,7 +712,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-rows", type=int, default=100_000, help="rows per output shard")
     p.add_argument("--check", action="store_true", help="only report whether a build would change the output")
     p.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
-    add_logging_arguments(p)
     return p
 
 

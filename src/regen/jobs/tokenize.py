@@ -50,10 +50,9 @@ from regen.jobs._common import (
     EXIT_OK,
     JobError,
     StatusFile,
-    add_logging_arguments,
-    add_status_arguments,
     count_lines,
     decode_json_line,
+    job_parser,
     kv,
     make_progress,
     open_binary,
@@ -746,11 +745,7 @@ def _max_length(text: str) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m regen.jobs.tokenize",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = job_parser("python -m regen.jobs.tokenize", __doc__, status=True, progress=True)
     io = p.add_argument_group("input and output")
     io.add_argument(
         "--input",
@@ -774,22 +769,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="fork" if sys.platform.startswith("linux") else "spawn",
         help="how --workers processes start (default: fork on Linux)",
     )
-    add_status_arguments(io)
     io.add_argument(
         "--dry-run",
         action="store_true",
         help="print JSON {shards, pending, stale, complete} and write nothing",
     )
     io.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    io.add_argument(
-        "--progress",
-        dest="progress",
-        action="store_true",
-        default=None,
-        help="progress bar (default: when stderr is a terminal)",
-    )
-    io.add_argument("--no-progress", dest="progress", action="store_false")
-    add_logging_arguments(io)
 
     tpl = p.add_argument_group("template and masks")
     tpl.add_argument(

@@ -13,8 +13,7 @@ from typing import Any
 from regen.jobs._common import (
     EXIT_OK,
     JobError,
-    add_logging_arguments,
-    add_status_arguments,
+    job_parser,
     setup_logging,
     want_progress,
 )
@@ -40,12 +39,14 @@ def _json_object(text: str, flag: str) -> dict[str, Any]:
     return value
 
 
+def _package_doc() -> str | None:
+    from regen.jobs import generate
+
+    return generate.__doc__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m regen.jobs.generate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = job_parser("python -m regen.jobs.generate", _package_doc(), status=True, progress=True)
     io = p.add_argument_group("input and output")
     io.add_argument(
         "--input",
@@ -55,7 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="normalized prompt JSONL file or the prompts job's directory (repeatable)",
     )
     io.add_argument("--output-dir", required=True, type=Path)
-    add_status_arguments(io, interval_help="seconds between status updates")
     io.add_argument("--shard-records", type=int, default=100_000, help="records per output shard")
     io.add_argument(
         "--no-fsync",
@@ -138,12 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=1800.0,
         help="stop (exit 3) when every endpoint has been down this long",
     )
-
-    o = p.add_argument_group("output")
-    g = o.add_mutually_exclusive_group()
-    g.add_argument("--progress", dest="progress", action="store_true", default=None)
-    g.add_argument("--no-progress", dest="progress", action="store_false")
-    add_logging_arguments(o)
     return p
 
 
