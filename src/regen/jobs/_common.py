@@ -174,13 +174,13 @@ def job_parser(
 
 
 def _common_flags(*, status: bool, progress: bool) -> argparse.ArgumentParser:
-    from regen import __version__
+    from regen import package_version
 
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("logging, status and progress")
     group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     group.add_argument("--log-format", default="text", choices=("text", "json"))
-    group.add_argument("--version", action="version", version=f"regen {__version__}")
+    group.add_argument("--version", action="version", version=f"regen {package_version()}")
     if status:
         group.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
         group.add_argument(
