@@ -108,6 +108,22 @@ def test_a_taken_port_fails_before_launching(state_dir, site):
     assert not (state_dir / "t.pid").exists()
 
 
+def test_the_port_probe_answers_for_the_role(capsys):
+    # `port` is what a role (or serving_launch_info's caller) asks instead of a bind of its own.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        assert supervisor.main(["port", "--host", "127.0.0.1", "--port", str(taken)]) == 0
+        assert json.loads(capsys.readouterr().out) == {
+            "changed": False,
+            "free": False,
+            "host": "127.0.0.1",
+            "port": taken,
+        }
+    assert procs.port_free("127.0.0.1", taken), "released once its holder closes"
+
+
 def test_a_server_that_dies_during_load_is_reported_with_its_cause(state_dir, site):
     # Fault-injection stub: a "server" whose import fails, as a serving venv without a module would.
     stub = "print('Load weight begin. avail mem=10.00 GB')\nimport regen_no_such_module"

@@ -473,6 +473,10 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--timeout", type=float, default=60.0, help="seconds before SIGKILL")
             p.add_argument("--check", action="store_true")
 
+    p = sub.add_parser("port", help="can a server bind HOST:PORT now? (the one port probe, regen.procs)")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, required=True)
+
     p = sub.add_parser("info", help="what the server says it serves (secrets and live counters removed)")
     p.add_argument("--url", required=True, help="base URL of the server")
     p.add_argument("--backend", choices=["sglang", "transformers", "router"], required=True)
@@ -515,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
             out = stop(args.state_dir, args.name, remove=args.remove, timeout=args.timeout, check=args.check)
         elif args.command == "status":
             out = status(args.state_dir, args.name)
+        elif args.command == "port":
+            out = {"host": args.host, "port": args.port, "free": procs.port_free(args.host, args.port)}
+            out["changed"] = False
         elif args.command == "info":
             out = info(args)
         else:
