@@ -3,7 +3,8 @@
 Every stage leaves a JSON record in the artifacts directory on the controller (facts, serving launch,
 generation status, tokenize stats, training status), where `regen.records` says. This module turns
 whichever of them exist into a short table, so `make regen` ends with what was produced rather than
-only Ansible's task counts. A missing or unreadable record is reported as such, never as a crash: the summary must not fail a run.
+only Ansible's task counts. A missing or unreadable record is reported as such, never as a crash: the
+summary must not fail a run.
 
     python -m regen.summary --artifacts artifacts
 """
