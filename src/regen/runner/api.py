@@ -573,8 +573,8 @@ class RunHandle:
 
     def _attach_artifacts(self, result: RunResult) -> None:
         hostvars = self._resolve_hostvars()
-        artifact_dirs, work_dirs = _art.data_roots(hostvars)
-        result.artifacts = _art.collect_artifacts([*artifact_dirs, *work_dirs])
+        artifact_dirs, _work_dirs = _art.data_roots(hostvars)
+        result.artifacts = _art.collect_artifacts(artifact_dirs)
         if result.facts is None and result.artifacts.facts:
             newest = max(result.artifacts.facts, key=lambda p: p.stat().st_mtime)
             facts = _art.read_facts_file(newest)
