@@ -65,8 +65,8 @@ def peer(model: Path, completions: Path, repeats: int) -> dict:
     """tokens/s of `tokenizer(texts)` on the texts the job renders."""
     from regen.jobs._common import decode_json_line
     from regen.jobs.tokenize import load_tokenizer
-    from regen.tokenize.conversation import conversation_from_record
-    from regen.tokenize.render import ChatRenderer
+    from regen.tokenization.conversation import conversation_from_record
+    from regen.tokenization.render import ChatRenderer
 
     tok = load_tokenizer(str(model))
     renderer = ChatRenderer(tok)

@@ -1,9 +1,10 @@
 """A readable end-of-run summary built from the run's artifacts.
 
 Every stage leaves a JSON record in the artifacts directory on the controller (facts, serving launch,
-generation status, tokenize stats, training status). This module turns whichever of them exist into a
-short table, so `make regen` ends with what was produced rather than only Ansible's task counts.
-A missing or unreadable record is reported as such, never as a crash: the summary must not fail a run.
+generation status, tokenize stats, training status), where `regen.records` says. This module turns
+whichever of them exist into a short table, so `make regen` ends with what was produced rather than
+only Ansible's task counts. A missing or unreadable record is reported as such, never as a crash: the
+summary must not fail a run.
 
     python -m regen.summary --artifacts artifacts
 """
@@ -11,11 +12,13 @@ A missing or unreadable record is reported as such, never as a crash: the summar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from regen import records
+from regen.fsio import read_json_object
 
 Record = dict[str, Any]
 
@@ -26,11 +29,7 @@ def _value(entry: Any) -> Any:
 
 
 def _load(path: Path) -> Record | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(path)
 
 
 def model_lines(facts: Record) -> list[tuple[str, str]]:
@@ -93,7 +92,7 @@ def generation_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]
                 "generate",
                 f"{name}: {status.get('done')} done, {status.get('failed')} failed, "
                 f"{status.get('truncated', 0)} hit max_tokens, tokens in/out "
-                f"{status.get('tokens_in')}/{status.get('tokens_out')}{latency}"
+                f"{status.get('tokens_in')}/{status.get('tokens')}{latency}"
                 f" -> {status.get('output_dir')}",
             )
         )
@@ -115,7 +114,7 @@ def tokenize_lines(stats: Record, histogram: Path | None) -> list[tuple[str, str
 def training_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]]:
     lines = []
     for name, status in statuses:
-        text = f"{name}: {status.get('state')}, step {status.get('step')}/{status.get('total_steps')}"
+        text = f"{name}: {status.get('state')}, step {status.get('done')}/{status.get('total')}"
         if isinstance(status.get("loss"), int | float):
             text += f", loss {status['loss']:.4f}"
         if status.get("error"):
@@ -138,21 +137,21 @@ def collect(artifacts: Path) -> list[tuple[str, str]]:
     """Summary rows (stage, text) for whatever the artifacts directory holds."""
     rows: list[tuple[str, str]] = []
     sections: list[tuple[str, Callable[[], list[tuple[str, str]]]]] = []
-    facts = _load(artifacts / "model_facts.json")
+    facts = _load(artifacts / records.FACTS)
     if facts is not None:
         sections.append(("introspect", lambda: model_lines(facts)))
-    launches = _named(list(artifacts.glob("serving/*/launch.json")))
+    launches = _named(records.find(artifacts, records.SERVING_LAUNCHES))
     if launches:
-        states = {name: record for name, record in _named(list(artifacts.glob("serving/*/state.json")))}
+        states = {name: record for name, record in _named(records.find(artifacts, records.SERVING_STATES))}
         sections.append(("serve", lambda: serving_lines(launches, states)))
-    statuses = _named(list(artifacts.glob("completions/status-*.json")))
+    statuses = _named(records.find(artifacts, records.GENERATION_STATUSES))
     if statuses:
         sections.append(("generate", lambda: generation_lines(statuses)))
-    stats = _load(artifacts / "tokenized" / "stats.json")
+    stats = _load(artifacts / records.TOKENIZE_STATS)
     if stats is not None:
-        picture = artifacts / "tokenized" / "length_histogram.png"
+        picture = artifacts / records.TOKENIZE_HISTOGRAM
         sections.append(("tokenize", lambda: tokenize_lines(stats, picture if picture.exists() else None)))
-    training = _named(list(artifacts.glob("drafter/*/status.json")))
+    training = _named(records.find(artifacts, records.TRAINING_STATUSES))
     if training:
         sections.append(("train", lambda: training_lines(training)))
     for stage, build in sections:

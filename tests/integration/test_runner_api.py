@@ -85,8 +85,9 @@ def test_facts_plan_and_artifacts_of_the_run(pipeline) -> None:
         "reason": "two draft layers spread over the target's 4 layers",
     }
     assert result.artifacts.facts == [data / "artifacts" / "model_facts.json"]
-    assert result.artifacts.completions == [data / "work" / "generate" / "completions.jsonl"]
-    assert result.artifacts.status_files == [data / "work" / "generate" / "status.json"]
+    # what the stages recorded: the job's final status, and the output directory it names
+    assert result.artifacts.status_files == [data / "artifacts" / "completions" / "status-localhost.json"]
+    assert result.artifacts.completions == [data / "work" / "generate"]
 
 
 def test_job_progress_arrives_from_the_status_file_and_the_watch_task(pipeline) -> None:

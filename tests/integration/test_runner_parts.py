@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from regen.jobs.status import Status
 from regen.runner import BadInput, discover_stages
 from regen.runner.api import _environment
 from regen.runner.artifacts import collect_artifacts, command_info, data_roots, host_is_local, inventory_query
@@ -166,34 +167,45 @@ def test_the_recorded_environment_is_masked(tmp_path: Path) -> None:
 # --- artifacts ------------------------------------------------------------------------------------
 
 
-def test_artifacts_are_classified_by_name(tmp_path: Path) -> None:
-    files = [
-        "artifacts/model_facts.json",
-        "artifacts/ct200/environment_manifest.json",
-        "work/generate/completions-00000.jsonl",
-        "work/generate/status.json",
-        "work/tokenized/train-00000.parquet",
-        "work/train/checkpoint-200/model.safetensors",
-        "work/train/epoch_1_step_300/config.json",
-        "work/models/regen-demo-kimi/config.json",
-        "work/.venvs/serve/pyvenv.cfg",
-        "work/.venvs/serve/lib/status.json",
-    ]
-    for name in files:
+def test_artifacts_are_what_the_stages_recorded(tmp_path: Path) -> None:
+    art, work = tmp_path / "artifacts", tmp_path / "work"
+    (work / "generate").mkdir(parents=True)
+    status = Status(job="generate", state="done", item="record", line="generate: done", done=2, total=2)
+    files = {
+        "artifacts/model_facts.json": {"architecture": {}},
+        "artifacts/provision/ct200/serving.json": {"packages": {}},
+        "artifacts/completions/status-ct200.json": status.document(output_dir=str(work / "generate")),
+        "artifacts/completions/status-ct201.json": status.document(output_dir=str(tmp_path / "elsewhere")),
+        "artifacts/tokenized/stats.json": {"samples": 2},
+        "artifacts/drafter/ct200/status.json": {"state": "succeeded"},
+        "artifacts/drafter/ct200/checkpoints.json": {"checkpoints": []},
+        # Files named like artifacts, but recorded by no stage, are not listed.
+        "artifacts/model_facts-old.json": {},
+        "artifacts/notes/status.json": {},
+        "work/generate/completions-00000.jsonl": {},
+        "work/tokenized/train-00000.parquet": {},
+        "work/train/checkpoint-200/config.json": {},
+    }
+    for name, doc in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("{}")
-    found = collect_artifacts([tmp_path / "artifacts", tmp_path / "work", tmp_path / "absent"])
+        (tmp_path / name).write_text(json.dumps(doc))
+    found = collect_artifacts([art, tmp_path / "absent"])
 
     def rel(paths: list[Path]) -> list[str]:
         return [p.relative_to(tmp_path).as_posix() for p in paths]
 
     assert rel(found.facts) == ["artifacts/model_facts.json"]
-    assert rel(found.environment_manifests) == ["artifacts/ct200/environment_manifest.json"]
-    assert rel(found.completions) == ["work/generate/completions-00000.jsonl"]
-    assert rel(found.tokenized) == ["work/tokenized/train-00000.parquet"]
-    assert rel(found.checkpoints) == ["work/train/checkpoint-200", "work/train/epoch_1_step_300"]
-    assert rel(found.status_files) == ["work/generate/status.json"]
-    assert rel(found.roots) == ["artifacts", "work"]
+    assert rel(found.environment_manifests) == ["artifacts/provision/ct200/serving.json"]
+    # the generation job's output directory, from its recorded status (ct201's is not on this machine)
+    assert rel(found.completions) == ["work/generate"]
+    assert rel(found.tokenized) == ["artifacts/tokenized/stats.json"]
+    assert rel(found.checkpoints) == ["artifacts/drafter/ct200/checkpoints.json"]
+    assert rel(found.status_files) == [
+        "artifacts/completions/status-ct200.json",
+        "artifacts/completions/status-ct201.json",
+        "artifacts/drafter/ct200/status.json",
+    ]
+    assert rel(found.roots) == ["artifacts"]
 
 
 def test_inventory_paths_come_from_ansible_itself() -> None:
@@ -252,7 +264,7 @@ def test_the_recorded_command_line_tells_tags_mode_and_inventory(tmp_path: Path)
 
 
 def test_descendants_in_their_own_sessions_are_ended(tmp_path: Path) -> None:
-    from regen.runner import procs
+    from regen import procs
 
     # A parent with a child in the same group and one that called setsid, like Ansible's workers.
     script = (
@@ -269,12 +281,12 @@ def test_descendants_in_their_own_sessions_are_ended(tmp_path: Path) -> None:
         child_a, child_b = (int(x) for x in parent.stdout.readline().split())
         found = {p.pid: p for p in procs.descendants(parent.pid)}
         assert {child_a, child_b} <= set(found)
-        assert found[child_b].pgid == child_b != found[child_a].pgid
+        assert os.getpgid(child_b) == child_b != os.getpgid(child_a)
         os.killpg(parent.pid, 9)  # what ansible-runner does to ansible-playbook's group
         parent.wait(10)
-        assert procs._alive(found[child_b]), "the setsid child survives runner's kill"
+        assert procs.still_running(found[child_b]), "the setsid child survives runner's kill"
         assert set(procs.terminate(list(found.values()), grace=5)) >= {child_b}
-        assert not procs._alive(found[child_a]) and not procs._alive(found[child_b])
+        assert not procs.still_running(found[child_a]) and not procs.still_running(found[child_b])
     finally:
         if parent.poll() is None:
             parent.kill()

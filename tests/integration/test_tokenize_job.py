@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.jobs._common import run_main
+from regen.jobs.status import validate
 from regen.jobs.tokenize import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,8 +211,9 @@ def test_outputs_rejects_and_stats(demo_model_dir, tok, completions, tmp_path):
     assert sum(stats["histogram"]["counts"]) == 45
     assert (out / "length_histogram.png").read_bytes()[:4] == b"\x89PNG"
     status = json.loads((out / "status.json").read_text())
-    assert status["state"] == "done" and status["rows_done"] == status["rows_total"] == 51
-    assert status["summary"]["samples"] == 45
+    assert validate(status) == [], "the status file follows the jobs' one schema"
+    assert status["state"] == "done" and status["done"] == status["total"] == 51
+    assert status["item"] == "row" and status["result"]["samples"] == 45
     for row in rows:
         assert len(row["input_ids"]) == len(row["loss_mask"]) == row["length"]
         assert mask_id not in row["input_ids"]
@@ -424,7 +426,7 @@ def test_gzip_input_and_blank_lines_give_the_same_samples(demo_model_dir, comple
 
 def test_an_unexpected_error_costs_one_row_not_the_job(demo_model_dir, tmp_path, monkeypatch):
     """Fault injection: a stub around the encoder raises a non-RowError for one conversation."""
-    from regen.tokenize.encode import PieceEncoder
+    from regen.tokenization.encode import PieceEncoder
 
     real = PieceEncoder.encode_many
 

@@ -159,7 +159,7 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
     assert first["localhost"]["failed"] == 0
     (run_dir,) = (tmp_path / "work" / "drafter" / "runs").iterdir()
     state = json.loads((run_dir / "status.json").read_text())
-    assert state["state"] == "succeeded" and state["step"] == state["total_steps"] == 8
+    assert state["state"] == "succeeded" and state["done"] == state["total"] == 8
     losses = _steps(run_dir / "train.log")
     assert sorted(losses) == list(range(1, 9))
     assert all(0 < loss < 20 for loss in losses.values())  # a real cross-entropy over a 4096-token vocabulary
@@ -200,7 +200,7 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
     shutil.rmtree(checkpoints / f"{run_id}-step8")
     (checkpoints / f"{run_id}-latest").unlink()
     (checkpoints / f"{run_id}-latest").symlink_to(f"{run_id}-step6")
-    state.update(state="running", supervisor_pid=2**22 + 1, mode="process", launched_at=0)
+    state.update(state="running", pid=2**22 + 1, mode="process", launched_at=0)
     (run_dir / "status.json").write_text(json.dumps(state))
     shutil.rmtree(run_dir / "export")
     (run_dir / "train.log").rename(run_dir / "train.log.first")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -31,6 +32,21 @@ def test_the_console_script_prints_help_with_the_exit_codes() -> None:
         assert word in out.stdout
     run_help = subprocess.run([str(regen), "run", "--help"], capture_output=True, text=True, check=False)
     assert run_help.returncode == 0 and "--check" in run_help.stdout and "STAGE" in run_help.stdout
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    regen = Path(sys.executable).parent / "regen"
+    out = subprocess.run([str(regen), "--version"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"regen {importlib.metadata.version('regen')}"
+    for job in ("prompts", "generate", "tokenize"):  # the job CLIs share the flag through their parent parser
+        job_out = subprocess.run(
+            [sys.executable, "-m", f"regen.jobs.{job}", "--version"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert (job_out.returncode, job_out.stdout.strip()) == (0, out.stdout.strip()), job_out.stderr
 
 
 def test_bad_usage_exits_4_not_argparses_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from regen.jobs.status import validate
 from regen.training import capture, checkpoints, launcher, status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ def _launcher(*args: str) -> dict:
 def test_real_specforge_log_lines_parse() -> None:
     lines = REAL_LOG.read_text().splitlines()
     record = status.fold(lines, status.new_status(total_steps=4))
-    assert record["step"] == 4 and record["state"] == "running"
+    assert record["done"] == 4 and record["state"] == "running"
     assert record["loss"] == pytest.approx(8.306097984313965) and record["acc"] == 0.0
     assert record["lr"] == 0.0 and record["step_time_s"] == pytest.approx(0.01821608499994909)
     assert status.parse_step_line("Loading weights: 100%") is None
@@ -113,7 +114,8 @@ def test_run_supervises_a_successful_trainer(tmp_path: Path, stub: Path) -> None
     )
     assert code == 0
     record = status.read_status(tmp_path / "status.json")
-    assert record["state"] == "succeeded" and record["step"] == 3 and record["exit_code"] == 0
+    assert validate(record) == [], "the status file follows the jobs' one schema"
+    assert record["state"] == "succeeded" and record["done"] == 3 and record["exit_code"] == 0
     assert record["loss"] == pytest.approx(4.7) and record["acc"] == pytest.approx(0.3)
     log = (tmp_path / "train.log").read_text()
     assert "step 3: {" in log and "regen launcher: succeeded" in log
@@ -174,7 +176,7 @@ def test_start_detaches_and_status_waits_for_the_end(tmp_path: Path, stub: Path)
     again = _start(tmp_path, stub, "ok", "5")  # a second start while it runs launches nothing
     assert again["started"] is False or again["status"]["state"] == "succeeded"
     final = _launcher("status", "--status", str(tmp_path / "status.json"), "--wait", "30", "--until-final")
-    assert final["state"] == "succeeded" and final["step"] == 5 and final["run_id"] == "r1"
+    assert final["state"] == "succeeded" and final["done"] == 5 and final["run_id"] == "r1"
     assert final["mode"] == "process"
 
 
@@ -182,7 +184,7 @@ def test_stop_lets_the_trainer_go_and_records_it(tmp_path: Path, stub: Path) -> 
     _start(tmp_path, stub, "hang", "2")
     deadline = time.monotonic() + 20
     while (status.read_status(tmp_path / "status.json") or {}).get(
-        "step"
+        "done"
     ) != 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     stopped = _launcher("stop", "--status", str(tmp_path / "status.json"), "--timeout", "10")
@@ -199,9 +201,7 @@ def test_a_vanished_supervisor_is_reported_lost(tmp_path: Path, stub: Path) -> N
     ) != "running" and time.monotonic() < deadline:
         time.sleep(0.1)
     record = status.read_status(tmp_path / "status.json")
-    os.killpg(
-        os.getpgid(record["supervisor_pid"]), signal.SIGKILL
-    )  # a host crash, as far as the status knows
+    os.killpg(os.getpgid(record["pid"]), signal.SIGKILL)  # a host crash, as far as the status knows
     time.sleep(0.3)
     record["launched_at"] = 0  # past the grace period for a just-started supervisor
     status.write_status(tmp_path / "status.json", record)

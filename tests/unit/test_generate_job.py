@@ -13,6 +13,7 @@ import pytest
 
 from regen.jobs import generate as G
 from regen.jobs._common import JobError
+from regen.jobs.status import validate
 from regen.testing.stub_openai_server import StubConfig, StubServer
 
 
@@ -329,7 +330,8 @@ def test_status_file_and_dry_run(tmp_path, stub):
     assert run(s)[0] == 0
     status = json.loads(s.status_file.read_text())
     assert (status["state"], status["done"], status["total"], status["exit_code"]) == ("done", 4, 4, 0)
-    assert status["latency_p50_s"] > 0 and status["summary"].startswith("generate: state=done done=4")
+    assert validate(status) == [], "the status file follows the jobs' one schema"
+    assert status["latency_p50_s"] > 0 and status["line"].startswith("generate: state=done done=4")
     assert status["endpoints"][0]["ok"] == 4
     assert G.dry_run(s)["complete"] is True
     assert G.dry_run(settings(tmp_path, [stub.url], max_tokens=1))["config_matches"] is False

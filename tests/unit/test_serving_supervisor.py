@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from regen import procs
 from regen.serving import supervisor
 from regen.serving.diagnose import diagnose, stage_of, tail
 
@@ -81,16 +82,16 @@ def test_start_is_idempotent_restarts_on_change_and_stops(state_dir, site):
     changed = dict(spec, env={"REGEN_TEST": "2"})
     check = supervisor.start(changed, check=True)
     assert (check["changed"], check["action"], check["pid"]) == (True, "restarted", first["pid"])
-    assert supervisor._alive(first["pid"])  # check mode touched nothing
+    assert procs.alive(first["pid"])  # check mode touched nothing
     restarted = supervisor.start(changed)
     assert restarted["action"] == "restarted" and restarted["pid"] != first["pid"]
-    assert not supervisor._alive(first["pid"])
+    assert not procs.alive(first["pid"])
     assert _wait(state_dir, port)["ready"]
 
     status = supervisor.status(str(state_dir), "t")
     assert status["running"] and status["pid"] == restarted["pid"]
     stopped = supervisor.stop(str(state_dir), "t")
-    assert stopped["changed"] and not supervisor._alive(restarted["pid"])
+    assert stopped["changed"] and not procs.alive(restarted["pid"])
     assert supervisor.stop(str(state_dir), "t")["changed"] is False
     assert (state_dir / "t.log").exists()
     removed = supervisor.stop(str(state_dir), "t", remove=True)
@@ -105,6 +106,22 @@ def test_a_taken_port_fails_before_launching(state_dir, site):
         with pytest.raises(supervisor.SupervisorError, match=f"port {port} on 127.0.0.1 is already in use"):
             supervisor.start(_spec(state_dir, site, port))
     assert not (state_dir / "t.pid").exists()
+
+
+def test_the_port_probe_answers_for_the_role(capsys):
+    # `port` is what a role (or serving_launch_info's caller) asks instead of a bind of its own.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        assert supervisor.main(["port", "--host", "127.0.0.1", "--port", str(taken)]) == 0
+        assert json.loads(capsys.readouterr().out) == {
+            "changed": False,
+            "free": False,
+            "host": "127.0.0.1",
+            "port": taken,
+        }
+    assert procs.port_free("127.0.0.1", taken), "released once its holder closes"
 
 
 def test_a_server_that_dies_during_load_is_reported_with_its_cause(state_dir, site):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from regen import summary
+from regen.training.status import new_status
 
 
 def _write(path: Path, data: object) -> None:
@@ -51,10 +52,9 @@ def test_facts_become_model_tokenizer_and_plan_rows(tmp_path: Path) -> None:
 def test_stage_records_are_listed_per_host(tmp_path: Path) -> None:
     _write(tmp_path / "completions" / "status-gpu1.json", {"done": 10, "failed": 2, "latency_p50_s": 1.5})
     _write(tmp_path / "tokenized" / "stats.json", {"samples": 10, "tokens": 900, "supervised_fraction": 0.5})
-    _write(
-        tmp_path / "drafter" / "gpu1" / "status.json",
-        {"state": "succeeded", "step": 8, "total_steps": 8, "loss": 7.5},
-    )
+    training = new_status(total_steps=8)  # the training launcher's document, as the role keeps it
+    training.update(state="succeeded", done=8, loss=7.5)
+    _write(tmp_path / "drafter" / "gpu1" / "status.json", training)
     rows = summary.collect(tmp_path)
     text = summary.render(rows, tmp_path)
     assert "gpu1: succeeded, step 8/8, loss 7.5000" in text

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from regen.tokenize.conversation import Conversation, RowError, conversation_from_record
-from regen.tokenize.encode import PieceEncoder
-from regen.tokenize.render import ChatRenderer, TemplateError
+from regen.tokenization.conversation import Conversation, RowError, conversation_from_record
+from regen.tokenization.encode import PieceEncoder
+from regen.tokenization.render import ChatRenderer, TemplateError
 
 HEADER = "<|im_assistant|>assistant<|im_middle|>"
 

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
-import struct
-import zlib
 
+import numpy as np
 import pytest
 
-from regen.tokenize.conversation import RowError, conversation_from_record
-from regen.tokenize.policy import (
+from regen.tokenization.conversation import RowError, conversation_from_record
+from regen.tokenization.policy import (
     apply_length_policy,
     check_mask_token,
     check_supervision,
     has_consecutive_supervised_tokens,
 )
-from regen.tokenize.stats import Stats, bars_png, histogram, report
+from regen.tokenization.stats import BAR_COLOR, Stats, histogram, histogram_png, report
 
 
 def reason(record) -> str:
@@ -171,31 +171,18 @@ def test_stats_merge_report_and_histogram():
     assert h == {"bin_edges": [0, 5, 10], "counts": [1, 3]}
 
 
-def _png_pixels(data: bytes) -> tuple[int, int, bytes]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, size = 8, b"", None
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
-        assert struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])[0] == zlib.crc32(kind + body)
-        if kind == b"IHDR":
-            size = struct.unpack(">II", body[:8])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    assert size is not None
-    return size[0], size[1], zlib.decompress(idat)
+def test_the_histogram_is_drawn_by_matplotlib_and_stable():
+    from matplotlib import colors, image
 
-
-def test_fallback_png_draws_the_bars():
-    width, height, raw = _png_pixels(bars_png([0, 4, 2], width=60, height=40))
-    assert (width, height) and len(raw) == height * (1 + 3 * width)
-    row = lambda y: raw[y * (1 + 3 * width) + 1 : (y + 1) * (1 + 3 * width)]  # noqa: E731
-    blue = (59, 110, 168)
-
-    def column_height(x: int) -> int:
-        return sum(tuple(row(y)[3 * x : 3 * x + 3]) == blue for y in range(height))
-
-    bar = (60 - 20) // 3
-    first, second, third = (column_height(10 + bar * i + 2) for i in range(3))
-    assert first == 0 and second > third > 0 and abs(second - 2 * third) <= 1
+    stats = Stats()
+    stats.samples, stats.tokens, stats.supervised_tokens = 3, 70, 20
+    stats.lengths = [10, 20, 40]
+    doc = report(stats, config={"max_length": 40, "reasoning": "last"}, mask_token=None)
+    png = histogram_png(doc)
+    pixels = image.imread(io.BytesIO(png), format="png")
+    assert pixels.shape[:2] == (450, 800)  # 8 x 4.5 inches at 100 dpi
+    bar = np.array(colors.to_rgb(BAR_COLOR))
+    assert (np.abs(pixels[..., :3] - bar).max(axis=-1) < 0.02).sum() > 1000, "the bars are drawn"
+    assert histogram_png(doc) == png, "the same report gives the same bytes (a re-run changes nothing)"
+    stats.lengths = [10, 10, 40]
+    assert histogram_png(report(stats, config={"max_length": 40}, mask_token=None)) != png

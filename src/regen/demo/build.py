@@ -35,6 +35,7 @@ from typing import Any
 from regen.demo import bpe
 from regen.demo import spec as spec_module
 from regen.demo.spec import DemoSpec
+from regen.fsio import fsync_dir
 
 BUILDER = "regen.demo.build"
 # Bump when the builder's output changes in a way its sources do not show (they are hashed anyway).
@@ -189,14 +190,6 @@ def _readme(spec: DemoSpec) -> str:
     )
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_tree(spec: DemoSpec, digest: str, target: Path, file_mode: int) -> list[str]:
     from regen.demo import weights
 
@@ -278,12 +271,12 @@ def build(output: Path, spec: DemoSpec | None = None, check: bool = False) -> Bu
             os.umask(umask)
             os.chmod(staging, 0o777 & ~umask)
             result.files = _write_tree(spec, digest, staging, 0o666 & ~umask)
-            _fsync_dir(staging)
+            fsync_dir(staging)
             if output.exists():
                 retired = output.parent / f".{output.name}.old-{uuid.uuid4().hex}"
                 os.rename(output, retired)
             os.rename(staging, output)
-            _fsync_dir(output.parent)
+            fsync_dir(output.parent)
         except BaseException:
             if retired is not None and not output.exists():
                 os.rename(retired, output)

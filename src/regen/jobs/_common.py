@@ -1,4 +1,6 @@
-"""Shared plumbing for regen jobs: clear errors, atomic writes, streaming JSONL, logging, status, progress.
+"""Shared plumbing for regen jobs: clear errors, hashes, streaming JSONL, logging, status, progress.
+
+Files are written through `regen.fsio` (atomic, durable); the status document's keys are `regen.jobs.status`.
 
 Everything here is standard library (plus tqdm, a core dependency) so that any job can use it on a host
 whose venv carries nothing else.
@@ -7,7 +9,6 @@ whose venv carries nothing else.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import hashlib
 import json
@@ -16,11 +17,12 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from regen.fsio import atomic_write_json
 
 log = logging.getLogger("regen.jobs")
 
@@ -51,55 +53,8 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
 
 
 # --------------------------------------------------------------------------------------------------
-# Atomic, durable file writes
+# Hashes
 # --------------------------------------------------------------------------------------------------
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync a directory so that a rename or a new file inside it survives a power loss."""
-    try:
-        fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems (e.g. certain FUSE mounts) refuse fsync on directories
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
-    """Write `data` to `path` so that readers see either the old file or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        fsync_dir(path.parent)
-
-
-def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool = True) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), durable=durable)
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """os.write until every byte is written (a regular-file write may be short on a signal or full disk)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -201,18 +156,47 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root.propagate = False
 
 
-def add_logging_arguments(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """--log-level and --log-format, the same for every job; pass the values to `setup_logging`."""
+def job_parser(
+    prog: str, description: str | None, *, status: bool, progress: bool
+) -> argparse.ArgumentParser:
+    """The parser of a job CLI, with the flags every job shares from one parent parser.
+
+    Always --log-level/--log-format (pass them to `setup_logging`) and --version; with `status`,
+    --status-file/--status-interval (the job's `StatusFile`, OUTPUT_DIR/status.json by default); with
+    `progress`, --progress/--no-progress (see `want_progress`).
+    """
+    return argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_common_flags(status=status, progress=progress)],
+    )
+
+
+def _common_flags(*, status: bool, progress: bool) -> argparse.ArgumentParser:
+    from regen import package_version
+
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("logging, status and progress")
     group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     group.add_argument("--log-format", default="text", choices=("text", "json"))
-
-
-def add_status_arguments(
-    group: argparse.ArgumentParser | argparse._ArgumentGroup, *, interval_help: str | None = None
-) -> None:
-    """--status-file and --status-interval for the jobs that keep a `StatusFile` (OUTPUT_DIR/status.json)."""
-    group.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
-    group.add_argument("--status-interval", type=float, default=2.0, help=interval_help)
+    group.add_argument("--version", action="version", version=f"regen {package_version()}")
+    if status:
+        group.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
+        group.add_argument(
+            "--status-interval", type=float, default=2.0, help="seconds between status updates (default 2)"
+        )
+    if progress:
+        bar = group.add_mutually_exclusive_group()
+        bar.add_argument(
+            "--progress",
+            dest="progress",
+            action="store_true",
+            default=None,
+            help="progress bar (default: when stderr is a terminal)",
+        )
+        bar.add_argument("--no-progress", dest="progress", action="store_false")
+    return parent
 
 
 def kv(**fields: Any) -> dict[str, Any]:

@@ -34,7 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import JobError, fsync_dir, kv, write_all
+from regen.fsio import fsync_dir, write_all
+
+from ._common import JobError, kv
 
 log = logging.getLogger("regen.jobs.ledger")
 

@@ -40,21 +40,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.fsio import AtomicFile, atomic_write_json, fsync_dir
+
 from .. import __version__
 from ._common import (
     EXIT_OK,
     JobError,
-    add_logging_arguments,
-    atomic_write_json,
     canonical_json,
     decode_json_line,
-    fsync_dir,
     iter_lines,
+    job_parser,
     kv,
     run_main,
     setup_logging,
     sha256_file,
-    write_all,
 )
 
 log = logging.getLogger("regen.jobs.prompts")
@@ -438,52 +437,45 @@ class _ShardWriter:
     def __init__(self, out: Path, fp8: str, shard_rows: int):
         self.out, self.fp8, self.shard_rows = out, fp8, shard_rows
         self.shards: list[dict[str, Any]] = []
-        self._fd: int | None = None
-        self._tmp: Path | None = None
+        self._file: AtomicFile | None = None
         self._rows = 0
         self._bytes = 0
         self._hash = hashlib.sha256()
         self._buf: list[bytes] = []
 
     def write(self, rid: str, turns: list) -> None:
-        if self._fd is None:
-            name = f"prompts-{self.fp8}-{len(self.shards):05d}.jsonl"
-            self._tmp = self.out / f".{name}.tmp"
-            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            self._name = name
+        if self._file is None:
+            self._name = f"prompts-{self.fp8}-{len(self.shards):05d}.jsonl"
+            self._file = AtomicFile(self.out / self._name)
         line = json.dumps({"id": rid, "conversations": turns}, ensure_ascii=False).encode() + b"\n"
         self._buf.append(line)
         self._hash.update(line)
         self._rows += 1
         self._bytes += len(line)
         if len(self._buf) >= 1024:
-            write_all(self._fd, b"".join(self._buf))
+            self._file.write(b"".join(self._buf))
             self._buf.clear()
         if self._rows >= self.shard_rows:
             self._finish()
 
     def _finish(self) -> None:
-        if self._fd is None:
+        if self._file is None:
             return
-        write_all(self._fd, b"".join(self._buf))
+        self._file.write(b"".join(self._buf))
         self._buf.clear()
-        os.fsync(self._fd)
-        os.close(self._fd)
-        os.replace(self._tmp, self.out / self._name)
+        self._file.commit()
         self.shards.append(
             {"path": self._name, "rows": self._rows, "bytes": self._bytes, "sha256": self._hash.hexdigest()}
         )
-        self._fd, self._rows, self._bytes, self._hash = None, 0, 0, hashlib.sha256()
+        self._file, self._rows, self._bytes, self._hash = None, 0, 0, hashlib.sha256()
 
     def close(self) -> list[dict[str, Any]]:
         self._finish()
         return self.shards
 
     def abort(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            with contextlib.suppress(OSError):
-                os.unlink(self._tmp)
+        if self._file is not None:
+            self._file.abort()
 
 
 def fingerprint(sources: list[Source], sample: int | None, seed: int, shard_rows: int) -> str:
@@ -548,8 +540,7 @@ def build(
     t0 = time.monotonic()
     counts = Counts()
     writer = _ShardWriter(out, fp[:8], shard_rows)
-    rejects_tmp = out / ".rejects.jsonl.tmp"
-    rejects_fd = os.open(rejects_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    rejects = AtomicFile(out / "rejects.jsonl")
     seen_prompts: set[bytes] = set()  # prompt keys already in the set (16 bytes each)
     seen_ids: dict[bytes, bytes] = {}  # id digest -> prompt key, to tell a duplicate from a clash
     global_sampler = _Sampler(sample, seed) if sample else None
@@ -560,7 +551,7 @@ def build(
         counts.per_source[src.name]["rejected"] += 1
         excerpt = row if isinstance(row, str) else json.dumps(row, ensure_ascii=False, default=str)
         doc = {"source": src.name, "where": where, "reason": reason, "row": excerpt[:REJECT_EXCERPT]}
-        write_all(rejects_fd, json.dumps(doc, ensure_ascii=False).encode() + b"\n")
+        rejects.write(json.dumps(doc, ensure_ascii=False).encode() + b"\n")
 
     def admit(src: Source, rid: str, turns: list, pkey: bytes, o: int, where: str) -> bool:
         """Dedup against rows already in the set; True when the row is new."""
@@ -638,13 +629,9 @@ def build(
         shards = writer.close()
     except BaseException:
         writer.abort()
-        os.close(rejects_fd)
-        with contextlib.suppress(OSError):
-            rejects_tmp.unlink()
+        rejects.abort()
         raise
-    os.fsync(rejects_fd)
-    os.close(rejects_fd)
-    os.replace(rejects_tmp, out / "rejects.jsonl")
+    rejects.commit()
     counts.rows = sum(s["rows"] for s in shards)
     if counts.rows == 0:
         raise JobError(
@@ -686,7 +673,8 @@ def build(
 
 
 _OWN_FILE = re.compile(
-    r"^(prompts-[0-9a-f]{8}-\d{5}\.jsonl|\.prompts-[0-9a-f]{8}-\d{5}\.jsonl\.tmp|\.rejects\.jsonl\.tmp)$"
+    # shards, and the temporary files (regen.fsio's `.<name>.<random>.tmp`) of a killed run
+    r"^(prompts-[0-9a-f]{8}-\d{5}\.jsonl|\.(?:prompts-[0-9a-f]{8}-\d{5}|rejects)\.jsonl(?:\.\w+)?\.tmp)$"
 )
 
 
@@ -708,11 +696,7 @@ def _remove_stale(out: Path, keep: set[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m regen.jobs.prompts",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = job_parser("python -m regen.jobs.prompts", __doc__, status=False, progress=False)
     p.add_argument(
         "--source",
         action="append",
@@ -728,7 +712,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-rows", type=int, default=100_000, help="rows per output shard")
     p.add_argument("--check", action="store_true", help="only report whether a build would change the output")
     p.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
-    add_logging_arguments(p)
     return p
 
 

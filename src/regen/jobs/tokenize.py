@@ -20,8 +20,8 @@ the settings is skipped, so a killed run resumes and a re-run over unchanged inp
 Every file is written to a temporary name and renamed; the marker is written last.
 
 What is trained on (loss mask 1): each assistant turn after its generation prompt, through its end-of-turn
-token; system, user and tool turns and the role headers are 0. See `regen.tokenize.render` for the
-reasoning policies (--reasoning) and `regen.tokenize.encode` for how the mask meets the tokens.
+token; system, user and tool turns and the role headers are 0. See `regen.tokenization.render` for the
+reasoning policies (--reasoning) and `regen.tokenization.encode` for how the mask meets the tokens.
 
 Exit codes: 0 done (rows left out are counted in stats.json and listed in rejects.jsonl); 2 bad arguments,
 an unusable tokenizer or template, or a mask token id the tokenizer does not have; 130 interrupted.
@@ -45,15 +45,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.fsio import AtomicFile, atomic_write_bytes
 from regen.jobs._common import (
     EXIT_OK,
     JobError,
     StatusFile,
-    add_logging_arguments,
-    add_status_arguments,
-    atomic_write_bytes,
     count_lines,
     decode_json_line,
+    job_parser,
     kv,
     make_progress,
     open_binary,
@@ -61,6 +60,7 @@ from regen.jobs._common import (
     setup_logging,
     want_progress,
 )
+from regen.jobs.status import Status
 
 log = logging.getLogger("regen.jobs.tokenize")
 
@@ -137,8 +137,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = True) -> Any:
 def _init_worker(settings: Settings) -> None:
     if _CTX.get("settings") == settings:
         return  # a forked worker inherits the driver's tokenizer, renderer and encoder
-    from regen.tokenize.encode import PieceEncoder
-    from regen.tokenize.render import ChatRenderer, TemplateError
+    from regen.tokenization.encode import PieceEncoder
+    from regen.tokenization.render import ChatRenderer, TemplateError
 
     tokenizer = load_tokenizer(settings.tokenizer, settings.trust_remote_code)
     try:
@@ -220,9 +220,9 @@ def process_shard(task: ShardTask) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from regen.tokenize.conversation import RowError, conversation_from_record
-    from regen.tokenize.policy import apply_length_policy, check_supervision
-    from regen.tokenize.stats import Stats
+    from regen.tokenization.conversation import RowError, conversation_from_record
+    from regen.tokenization.policy import apply_length_policy, check_supervision
+    from regen.tokenization.stats import Stats
 
     settings: Settings = _CTX["settings"]
     renderer, encoder = _CTX["renderer"], _CTX["encoder"]
@@ -475,15 +475,10 @@ def _committed(out: Path, task: ShardTask) -> dict[str, Any] | None:
 
 def _concat(out: Path, names: list[str], sub: str, target: str) -> None:
     """Merge shard files in shard order into one file, atomically."""
-    dest = out / target
-    tmp = out / f".{target}.tmp"
-    with open(tmp, "wb") as fh:
+    with AtomicFile(out / target) as merged:
         for name in names:
             with open(out / sub / f"{name}.jsonl", "rb") as src:
-                shutil.copyfileobj(src, fh, 1 << 20)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, dest)
+                shutil.copyfileobj(src, merged.file, 1 << 20)
 
 
 def _lock(out: Path) -> Any:
@@ -558,8 +553,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from regen.tokenize.policy import check_mask_token
-    from regen.tokenize.stats import Stats, histogram_png, report
+    from regen.tokenization.policy import check_mask_token
+    from regen.tokenization.stats import Stats, histogram_png, report
 
     settings = build_settings(args)
     out = Path(args.output_dir)
@@ -611,20 +606,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     written = 0
     started = time.monotonic()
 
-    def status_doc(state: str) -> dict[str, Any]:
-        return {
-            "state": state,
-            "pid": os.getpid(),
-            "rows_total": rows_total,
-            "rows_done": totals.input_rows,
-            "samples": totals.samples,
-            "tokens": totals.tokens,
-            "rejected": sum(totals.rejected.values()),
-            "shards_done": len(names),
-            "shards_written": written,
-            "elapsed_s": round(time.monotonic() - started, 1),
-            "updated": time.time(),
-        }
+    def status_doc(state: str, **final: Any) -> dict[str, Any]:
+        """The status document (`regen.jobs.status`); `final` adds the job's summary at the end."""
+        rejected = sum(totals.rejected.values())
+        line = (
+            f"tokenize: state={state} rows={totals.input_rows}/{rows_total} samples={totals.samples} "
+            f"tokens={totals.tokens} rejected={rejected} shards={len(names)}"
+        )
+        return Status(
+            job="tokenize",
+            state=state,
+            item="row",
+            line=line,
+            done=totals.input_rows,
+            total=rows_total,
+            tokens=totals.tokens,
+        ).document(
+            samples=totals.samples,
+            rejected=rejected,
+            shards_done=len(names),
+            shards_written=written,
+            elapsed_s=round(time.monotonic() - started, 1),
+            **final,
+        )
 
     def account(marker: dict[str, Any]) -> None:
         shard = Stats.from_json(marker["stats"])
@@ -726,7 +730,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "elapsed_s": round(time.monotonic() - started, 3),
         "output_dir": str(out),
     }
-    status.maybe_write(lambda: {**status_doc("done"), "summary": summary}, force=True, durable=True)
+    status.maybe_write(lambda: status_doc("done", result=summary), force=True, durable=True)
     return summary
 
 
@@ -741,11 +745,7 @@ def _max_length(text: str) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m regen.jobs.tokenize",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = job_parser("python -m regen.jobs.tokenize", __doc__, status=True, progress=True)
     io = p.add_argument_group("input and output")
     io.add_argument(
         "--input",
@@ -769,22 +769,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="fork" if sys.platform.startswith("linux") else "spawn",
         help="how --workers processes start (default: fork on Linux)",
     )
-    add_status_arguments(io)
     io.add_argument(
         "--dry-run",
         action="store_true",
         help="print JSON {shards, pending, stale, complete} and write nothing",
     )
     io.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    io.add_argument(
-        "--progress",
-        dest="progress",
-        action="store_true",
-        default=None,
-        help="progress bar (default: when stderr is a terminal)",
-    )
-    io.add_argument("--no-progress", dest="progress", action="store_false")
-    add_logging_arguments(io)
 
     tpl = p.add_argument_group("template and masks")
     tpl.add_argument(

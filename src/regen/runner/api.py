@@ -35,9 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import ansible_runner
+import psutil
 
+from regen import procs
+from regen.fsio import atomic_write_text
 from regen.runner import artifacts as _art
-from regen.runner import procs
 from regen.runner.errors import BadInput, ExitCode
 from regen.runner.events import (
     Event,
@@ -342,11 +344,7 @@ def _make_ident(stage_names: Sequence[str]) -> str:
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text, mode=0o600, durable=False)
 
 
 class RunHandle:
@@ -403,7 +401,7 @@ class RunHandle:
         self._hostvars: dict[str, dict[str, Any]] | None = None
         self._hostvars_ready = threading.Event()
         self._ansible_pid: int | None = None
-        self._doomed: list[procs.Proc] | None = None
+        self._doomed: list[psutil.Process] | None = None
         self._stdout = None
         self._result: RunResult | None = None
         self._started = time.time()
@@ -575,8 +573,8 @@ class RunHandle:
 
     def _attach_artifacts(self, result: RunResult) -> None:
         hostvars = self._resolve_hostvars()
-        artifact_dirs, work_dirs = _art.data_roots(hostvars)
-        result.artifacts = _art.collect_artifacts([*artifact_dirs, *work_dirs])
+        artifact_dirs, _work_dirs = _art.data_roots(hostvars)
+        result.artifacts = _art.collect_artifacts(artifact_dirs)
         if result.facts is None and result.artifacts.facts:
             newest = max(result.artifacts.facts, key=lambda p: p.stat().st_mtime)
             facts = _art.read_facts_file(newest)

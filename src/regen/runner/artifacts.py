@@ -1,9 +1,10 @@
 """What a run left behind: regen's data artifacts, and ansible-runner's record of each run.
 
-Data artifacts live where the inventory says: ``regen_artifacts_dir`` on the controller (facts JSON,
-environment manifests, drafter exports) and ``regen_work_dir`` on each host (completions, tokenized
-shards, checkpoints, job status files). The work directory is scanned only for hosts the controller
-can read directly (``connection: local``); a remote host's files stay there.
+Data artifacts are what the stages record in ``regen_artifacts_dir`` on the controller (facts JSON,
+environment manifests, the jobs' final status, tokenize stats, training records; `regen.records` is
+the table of where): the listing reads those records, and follows them to what they name (the
+generation job's output directory), instead of guessing from file names. Live job progress is read
+from the work directory of hosts the controller can read directly (``connection: local``).
 
 Runner records live in ``<private_data_dir>/artifacts/<ident>/`` (``status``, ``rc``, ``command``,
 ``job_events/``); regen adds ``regen_summary.json`` at the end of a run, and :func:`load_run` rebuilds
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,16 +23,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from regen.runner.progress import STATUS_FILE
+from regen import records
+from regen.fsio import read_json_object
 
 SUMMARY_FILE = "regen_summary.json"
 _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
-_CHECKPOINT_DIR = re.compile(r"^(checkpoint|ckpt|epoch|step|global_step)[_-]?\d*", re.I)
 
 
 @dataclass
 class Artifacts:
-    """Paths of what the pipeline produced, found after a run (lists are sorted, possibly empty)."""
+    """Paths of what the stages recorded, found after a run (lists are sorted, possibly empty).
+
+    `completions` are the generation jobs' output directories (from their recorded status), `tokenized`
+    the tokenize stats and histograms, `checkpoints` the training runs' checkpoint lists.
+    """
 
     facts: list[Path] = field(default_factory=list)
     environment_manifests: list[Path] = field(default_factory=list)
@@ -129,50 +132,26 @@ def data_roots(hostvars: Mapping[str, Mapping[str, Any]]) -> tuple[list[Path], l
     return artifact_dirs, work_dirs
 
 
-_SKIP = {"__pycache__", "node_modules", ".git", "site-packages", "hf_cache", ".cache"}
-
-
-def collect_artifacts(roots: Iterable[Path], *, max_depth: int = 5, max_entries: int = 50000) -> Artifacts:
-    """Classify what lies under ``roots`` by name; virtualenvs and model weights are not walked."""
+def collect_artifacts(artifact_dirs: Iterable[Path]) -> Artifacts:
+    """What the stages recorded in the controller's artifact directories (`regen.records` says where):
+    facts, environment manifests, the job status files, and what they point at (the generation job's
+    output directory), the tokenize stats and the training checkpoint lists. Nothing is guessed from
+    file names, and no host's work directory is walked."""
     found = Artifacts()
-    seen = 0
-    for root in roots:
+    for root in artifact_dirs:
         if not root.is_dir():
             continue
         found.roots.append(root)
-        base = len(root.parts)
-        for dirpath, dirnames, filenames in os.walk(root):
-            here = Path(dirpath)
-            seen += len(dirnames) + len(filenames)
-            if seen > max_entries or "pyvenv.cfg" in filenames:
-                dirnames[:] = []
-                continue
-            checkpoint_dirs = [d for d in dirnames if _CHECKPOINT_DIR.match(d)]
-            found.checkpoints.extend(here / d for d in checkpoint_dirs)
-            # Inside a checkpoint or a model directory the files are weights, not artifacts of their own.
-            dirnames[:] = [
-                d
-                for d in dirnames
-                if d not in _SKIP
-                and d not in checkpoint_dirs
-                and d != "models"
-                and len(here.parts) - base < max_depth
-            ]
-            for name in filenames:
-                path = here / name
-                lower = name.lower()
-                if lower.startswith("model_facts") and lower.endswith(".json"):
-                    found.facts.append(path)
-                elif ("manifest" in lower or lower.startswith(("environment", "env_"))) and lower.endswith(
-                    (".json", ".txt", ".lock", ".yml", ".yaml")
-                ):
-                    found.environment_manifests.append(path)
-                elif lower.startswith("completions") and lower.endswith((".jsonl", ".jsonl.gz")):
-                    found.completions.append(path)
-                elif lower.endswith((".parquet", ".arrow")):
-                    found.tokenized.append(path)
-                elif STATUS_FILE.match(name):
-                    found.status_files.append(path)
+        found.facts += records.find(root, records.FACTS)
+        found.environment_manifests += records.find(root, records.ENVIRONMENT_MANIFESTS)
+        generation = records.find(root, records.GENERATION_STATUSES)
+        found.status_files += generation + records.find(root, records.TRAINING_STATUSES)
+        for path in generation:
+            output_dir = (read_json_object(path) or {}).get("output_dir")
+            if isinstance(output_dir, str) and Path(output_dir).is_dir():
+                found.completions.append(Path(output_dir))
+        found.tokenized += [p for pattern in records.RECORDS["tokenize"] for p in records.find(root, pattern)]
+        found.checkpoints += records.find(root, records.TRAINING_CHECKPOINTS)
     for key in ("facts", "environment_manifests", "completions", "tokenized", "checkpoints", "status_files"):
         setattr(found, key, sorted(set(getattr(found, key))))
     return found

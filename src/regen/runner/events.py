@@ -484,9 +484,7 @@ class EventParser:
 
     def _progress(self, data: Mapping[str, Any], base: dict) -> list[Event]:
         task = str(data.get("task", ""))
-        status = status_from_result(
-            data.get("res"), default_job=self.stage.name if self.stage else task or "job"
-        )
+        status = status_from_result(data.get("res"))
         if status is None:
             return []
         return [

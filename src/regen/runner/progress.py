@@ -1,21 +1,17 @@
-"""Job progress: what the generation, tokenize and training jobs report in their status files.
+"""Job progress: the status documents the generation, tokenize and training jobs write as they run.
 
-The jobs run on the target host and write a small JSON status file as they go (atomically, but regen
-does not rely on it). Its exact fields belong to each job, so it is read defensively: any JSON object
-with a numeric ``done`` (or ``completed``/``processed``/``step``) and/or ``total`` (or ``total_steps``)
-counts as progress; ``tokens``/``tokens_out``, ``tokens_per_s``/``tokens_out_per_s``, ``failed``,
-``state``, ``eta_s``, ``line`` and ``job`` are picked up when present, anything else is ignored, and a
-file that is missing, half-written or not JSON is skipped until it parses. That covers the generation
-job's ``status.json`` (``done``/``total``/``tokens_out_per_s``) and the training launcher's status
-(``step``/``total_steps``/``eta_s``/``line``) without either having to know about the runner.
+The jobs run on the target host and rewrite a small JSON status file as they go. Its keys are the one
+schema the jobs own, `regen.jobs.status` (`job`, `state`, `item`, `done`, `total`, `failed`, `tokens`,
+`tokens_per_s`, `eta_s`, `line`, ...): this module reads those keys and nothing else. A file that is
+missing, half-written, not JSON or not a status document is skipped until it parses.
 
-Two sources feed the same :class:`JobStatus`:
+Two sources feed the same :class:`JobStatus` (the schema's `Status`):
 
 * status files under the work directory of a host the controller can read (``connection: local``),
   watched by :class:`StatusWatcher`;
 * task results in the event stream: a role that polls a status file on a remote host (``slurp`` in an
-  ``until`` loop, an ``async_status``, a custom module returning ``status``) puts the same object in its
-  result, and :func:`status_from_result` finds it there.
+  ``until`` loop, an ``async_status``, a module or command printing the document) puts the same
+  document in its result, and :func:`status_from_result` finds it there.
 """
 
 from __future__ import annotations
@@ -23,136 +19,41 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-_DONE_KEYS = ("done", "completed", "processed", "finished", "step", "current")
-_TOTAL_KEYS = ("total", "total_steps", "max_steps", "steps")
-_TOKENS_KEYS = ("tokens", "tokens_out", "output_tokens", "completion_tokens")
-_RATE_KEYS = ("tokens_per_s", "tokens_out_per_s", "tokens_per_second", "tok_per_s")
-_FAILED_KEYS = ("failed", "errors", "error_count")
-_STATE_KEYS = ("state", "status", "phase")
-_ETA_KEYS = ("eta_s", "eta_seconds", "eta")
-_LINE_KEYS = ("line", "summary", "message")
-_JOB_KEYS = ("job", "name", "kind")
-_NESTED_KEYS = ("progress", "counts", "stats", "status")
+from regen.jobs.status import Status, from_document
+
+#: One reading of a job's progress.
+JobStatus = Status
 
 #: File names the watcher reads as job status files.
 STATUS_FILE = re.compile(r"^(?:.*[._-])?(?:status|progress)\.json$")
 
 
-@dataclass(frozen=True)
-class JobStatus:
-    """One reading of a job's progress. Counts are None when the job did not report them."""
-
-    job: str
-    done: float | None = None
-    total: float | None = None
-    tokens: float | None = None
-    tokens_per_s: float | None = None
-    failed: float | None = None
-    state: str | None = None
-    eta_s: float | None = None
-    line: str | None = None
-
-    @property
-    def fraction(self) -> float | None:
-        if self.done is None or not self.total:
-            return None
-        return max(0.0, min(1.0, self.done / self.total))
-
-    @property
-    def finished(self) -> bool:
-        if self.state and self.state.lower() in {
-            "done",
-            "finished",
-            "complete",
-            "completed",
-            "succeeded",
-            "success",
-        }:
-            return True
-        return self.done is not None and self.total is not None and self.total > 0 and self.done >= self.total
+def parse_status(obj: object) -> JobStatus | None:
+    """The :class:`JobStatus` of one decoded status document, or None when it is not one."""
+    return from_document(obj)
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if math.isnan(value) or math.isinf(value) or value < 0:
-        return None
-    return float(value)
-
-
-def _first(obj: Mapping, keys: Iterable[str], convert=_number):
-    for key in keys:
-        if key in obj:
-            value = convert(obj[key])
-            if value is not None:
-                return value
-    return None
-
-
-def _text(value: object) -> str | None:
-    return value.strip()[:80] or None if isinstance(value, str) else None
-
-
-def _line(value: object) -> str | None:
-    return value.strip().splitlines()[0][:200] or None if isinstance(value, str) and value.strip() else None
-
-
-def parse_status(obj: object, *, default_job: str = "job") -> JobStatus | None:
-    """A :class:`JobStatus` from one decoded status document, or None when it carries no progress."""
-    if not isinstance(obj, Mapping):
-        return None
-    layers = [obj] + [obj[k] for k in _NESTED_KEYS if isinstance(obj.get(k), Mapping)]
-    fields: dict[str, object] = {}
-    for layer in layers:
-        for name, keys, convert in (
-            ("done", _DONE_KEYS, _number),
-            ("total", _TOTAL_KEYS, _number),
-            ("tokens", _TOKENS_KEYS, _number),
-            ("tokens_per_s", _RATE_KEYS, _number),
-            ("failed", _FAILED_KEYS, _number),
-            ("state", _STATE_KEYS, _text),
-            ("eta_s", _ETA_KEYS, _number),
-            ("line", _LINE_KEYS, _line),
-            ("job", _JOB_KEYS, _text),
-        ):
-            if fields.get(name) is None:
-                fields[name] = _first(layer, keys, convert)
-    if fields["done"] is None and fields["total"] is None:
-        return None
-    job = fields.pop("job") or default_job
-    return JobStatus(job=str(job), **fields)  # type: ignore[arg-type]
-
-
-def read_status_file(path: Path, *, default_job: str | None = None) -> JobStatus | None:
-    """Read one status file; None when it is missing, partial, not JSON or carries no progress."""
+def read_status_file(path: Path) -> JobStatus | None:
+    """Read one status file; None when it is missing, partial, not JSON or not a status document."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read(1_000_000)
         obj = json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    return parse_status(obj, default_job=default_job or job_name_for(path))
-
-
-def job_name_for(path: Path) -> str:
-    """A job's name from its status file path: ``generate/status.json`` -> ``generate``."""
-    stem = re.sub(r"[._-]?(status|progress)$", "", path.stem)
-    return stem or path.parent.name or "job"
+    return parse_status(obj)
 
 
 def _decoded_candidates(res: Mapping) -> Iterator[object]:
-    yield res
-    for key in ("status", "json", "job", "progress", "result"):
-        if isinstance(res.get(key), Mapping):
-            yield res[key]
+    yield res  # a module that returns the document itself
+    if isinstance(res.get("status"), Mapping):  # a registered or published document
+        yield res["status"]
     content = res.get("content")
     if isinstance(content, str) and res.get("encoding") == "base64":  # ansible.builtin.slurp
         try:
@@ -173,15 +74,12 @@ def _json_or_none(text: str) -> object:
         return None
 
 
-def status_from_result(res: object, *, default_job: str) -> JobStatus | None:
+def status_from_result(res: object) -> JobStatus | None:
     """Progress carried by a task result (see the module docstring), or None."""
     if not isinstance(res, Mapping):
         return None
     for candidate in _decoded_candidates(res):
-        # A task result's own fields (changed, rc, ...) are not progress unless done/total are there.
-        if candidate is res and not any(k in res for k in ("done", "total")):
-            continue
-        status = parse_status(candidate, default_job=default_job)
+        status = parse_status(candidate)
         if status is not None:
             return status
     return None

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from regen.fsio import atomic_write_text
 from regen.runner.errors import BadInput
 
 VAULT_ID = "regen_secrets"
@@ -109,8 +110,4 @@ def scrub_command_file(path: Path, extra_values: Iterable[str] = ()) -> None:
         return
     if isinstance(data.get("env"), dict):
         data["env"] = mask_environment(data["env"], extra_values)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, ensure_ascii=False)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, ensure_ascii=False), mode=0o600, durable=False)

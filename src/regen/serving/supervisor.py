@@ -12,7 +12,7 @@ loop: a server that dies is reported by `wait`/`status` and started again by the
 `wait` is the readiness probe for both modes: it polls the server's HTTP readiness path for one
 slice of time while reading the log (the process log, or the unit's journal for this invocation) to
 report the loading stage, and says at once when the server has exited, with the likely cause.
-Standard library only, so it runs in any Python >= 3.9 on the serving host.
+It runs in the job venv regen is installed in; processes and the port probe are `regen.procs`'.
 """
 
 from __future__ import annotations
@@ -23,15 +23,14 @@ import hashlib
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
+from regen import procs
+from regen.fsio import atomic_write_json, atomic_write_text, read_json_object
 from regen.serving.diagnose import diagnose, stage_of, tail
 
 EXIT_OK = 0
@@ -57,31 +56,6 @@ def _paths(state_dir: str, name: str) -> dict[str, str]:
         "state": os.path.join(state_dir, f"{name}.state.json"),
         "log": os.path.join(state_dir, f"{name}.log"),
     }
-
-
-def _atomic_write(path: str, text: str, mode: int = 0o644) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def read_env_file(path: str | None) -> dict[str, str]:
@@ -121,44 +95,18 @@ def _tail_text(path: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) is not a running server.
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            return handle.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
-
-
 def _running(paths: dict[str, str]) -> tuple[int | None, dict | None]:
     """The pid of our live server (or None) and its recorded state; guards against pid reuse."""
-    state = _read_json(paths["state"])
+    state = read_json_object(paths["state"])
     try:
         with open(paths["pid"], encoding="ascii") as handle:
             pid = int(handle.read().strip())
     except (FileNotFoundError, ValueError):
         return None, state
-    if not _alive(pid):
+    if not procs.alive(pid):
         return None, state
     if state and state.get("pid") == pid:
-        cmd = _cmdline(pid)
+        cmd = procs.cmdline(pid)
         # A recycled pid runs someone else's command line. Interpreters may rewrite argv[0] (and some
         # servers retitle themselves), so only a readable, different tail counts as "not ours".
         if cmd and len(cmd) > 1 and _cmdline_hash(cmd) != state.get("cmdline_sha256", _cmdline_hash(cmd)):
@@ -174,44 +122,6 @@ def fingerprint(spec: dict, secret_env: dict[str, str]) -> str:
     """What a restart would change: the launch spec and the secrets it is started with."""
     doc = json.dumps({"spec": spec, "secret": sorted(secret_env.items())}, sort_keys=True)
     return hashlib.sha256(doc.encode("utf-8")).hexdigest()
-
-
-def port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host.strip("[]"), port))
-        except OSError:
-            return False
-    return True
-
-
-def _stop_pid(pid: int, timeout: float) -> str:
-    """SIGTERM the server's process group, SIGKILL what is left after `timeout` seconds."""
-    try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        return "gone"
-    sender = os.killpg if pgid == pid else os.kill
-    target = pgid if pgid == pid else pid
-    with contextlib.suppress(ProcessLookupError):
-        sender(target, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            break
-        time.sleep(0.2)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            sender(target, signal.SIGKILL)
-        time.sleep(0.5)
-        return "killed"
-    # Workers of the group that outlived their parent go too: the GPUs must be free afterwards.
-    if sender is os.killpg:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-    return "terminated"
 
 
 def start(spec: dict, secret_env_file: str | None = None, check: bool = False) -> dict:
@@ -236,9 +146,9 @@ def start(spec: dict, secret_env_file: str | None = None, check: bool = False) -
     if check:
         return {**result, "changed": True, "action": action, "pid": pid}
     if pid:
-        _stop_pid(pid, float(spec.get("stop_timeout", 60)))
+        procs.stop_group(pid, float(spec.get("stop_timeout", 60)))
     host, port = spec.get("host"), spec.get("port")
-    if host and port and not port_free(str(host), int(port)):
+    if host and port and not procs.port_free(str(host), int(port)):
         raise SupervisorError(
             f"port {port} on {host} is already in use by another process; stop it (see `ss -ltnp "
             f"'sport = :{port}'`) or set sglang_server_port to a free port"
@@ -255,16 +165,7 @@ def start(spec: dict, secret_env_file: str | None = None, check: bool = False) -
         log.write(f"=== regen supervisor: starting {spec['name']} at {stamp}\n".encode())
         log.flush()
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=spec.get("cwd") or spec["state_dir"],
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = procs.spawn_detached(argv, output=log, env=env, cwd=spec.get("cwd") or spec["state_dir"])
         except OSError as exc:
             raise SupervisorError(
                 f"cannot run {argv[0]}: {exc.strerror}; check sglang_server_python"
@@ -282,8 +183,8 @@ def start(spec: dict, secret_env_file: str | None = None, check: bool = False) -
         "port": port,
         "command": spec["argv"],
     }
-    _atomic_write(paths["state"], json.dumps(state, indent=1, sort_keys=True), mode=0o600)
-    _atomic_write(paths["pid"], f"{proc.pid}\n")
+    atomic_write_json(paths["state"], state, mode=0o600)
+    atomic_write_text(paths["pid"], f"{proc.pid}\n")
     return {**result, "changed": True, "action": action, "pid": proc.pid}
 
 
@@ -295,7 +196,7 @@ def stop(state_dir: str, name: str, remove: bool = False, timeout: float = 60, c
     result = {"mode": "process", "name": name, "changed": changed, "pid": pid}
     if check:
         return {**result, "action": "would stop" if pid else "none"}
-    outcome = _stop_pid(pid, timeout) if pid else "not running"
+    outcome = procs.stop_group(pid, timeout) if pid else "not running"
     for path in leftovers:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -572,6 +473,10 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--timeout", type=float, default=60.0, help="seconds before SIGKILL")
             p.add_argument("--check", action="store_true")
 
+    p = sub.add_parser("port", help="can a server bind HOST:PORT now? (the one port probe, regen.procs)")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, required=True)
+
     p = sub.add_parser("info", help="what the server says it serves (secrets and live counters removed)")
     p.add_argument("--url", required=True, help="base URL of the server")
     p.add_argument("--backend", choices=["sglang", "transformers", "router"], required=True)
@@ -614,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
             out = stop(args.state_dir, args.name, remove=args.remove, timeout=args.timeout, check=args.check)
         elif args.command == "status":
             out = status(args.state_dir, args.name)
+        elif args.command == "port":
+            out = {"host": args.host, "port": args.port, "free": procs.port_free(args.host, args.port)}
+            out["changed"] = False
         elif args.command == "info":
             out = info(args)
         else:

@@ -32,12 +32,13 @@ import itertools
 import json
 import os
 import sys
-import tempfile
 import time
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from regen.fsio import AtomicFile, atomic_write_json
 
 MANIFEST = "capture_manifest.json"
 
@@ -232,14 +233,8 @@ def sample_path(output: Path, index: int) -> Path:
 def save_atomic(path: Path, payload: dict[str, Any]) -> int:
     import torch
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with AtomicFile(path) as out:
+        torch.save(payload, out.file)
     return path.stat().st_size
 
 
@@ -255,10 +250,7 @@ def check_manifest(output: Path, manifest: dict[str, Any]) -> None:
                 "capture into a new one (drafter_training_hidden_states_dir)"
             )
     else:
-        output.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_json(path, manifest)
 
 
 def capture(args: argparse.Namespace) -> dict[str, Any]:

@@ -18,7 +18,6 @@ the command itself worked (a failed training is a status, not a launcher error),
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from regen import procs
 from regen.training.status import (
     FINAL_STATES,
     apply_line,
@@ -62,7 +62,7 @@ def has_systemd() -> bool:
 def run(cmd: list[str], status_path: str, log_path: str, total_steps: int | None, cwd: str | None) -> int:
     previous = read_status(status_path) or {}
     status = new_status(total_steps, **{k: previous[k] for k in _LAUNCH_KEYS if k in previous})
-    status.update(state="starting", supervisor_pid=os.getpid(), command=cmd)
+    status.update(state="starting", pid=os.getpid(), command=cmd)
     write_status(status_path, status)
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -127,23 +127,6 @@ def run(cmd: list[str], status_path: str, log_path: str, total_steps: int | None
 # --------------------------------------------------------------------------------------------------
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    try:
-        with open(f"/proc/{int(pid)}/stat", encoding="ascii") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _unit_active(unit: str | None) -> bool:
     if not unit or shutil.which("systemctl") is None:
         return False
@@ -156,7 +139,7 @@ def alive(status: dict[str, Any] | None) -> bool:
         return False
     if status.get("mode") == "systemd":
         return _unit_active(status.get("unit"))
-    return _pid_alive(status.get("supervisor_pid"))
+    return procs.alive(status.get("pid"))
 
 
 def current_status(status_path: str) -> dict[str, Any] | None:
@@ -205,17 +188,15 @@ def start(args: argparse.Namespace) -> int:
     env_pairs["PYTHONPATH"] = os.pathsep.join(
         p for p in (_PACKAGE_ROOT, env_pairs.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")) if p
     )
-    launch = {
-        "mode": mode,
-        "unit": args.name if mode == "systemd" else None,
-        "launched_at": time.time(),
-        "command": args.cmd,
-        "log": args.log,
-        "state": "starting",
-        "step": 0,
-        "total_steps": args.total_steps,
+    launch = new_status(
+        args.total_steps,
+        mode=mode,
+        unit=args.name if mode == "systemd" else None,
+        launched_at=time.time(),
+        command=args.cmd,
+        log=args.log,
         **json.loads(args.meta or "{}"),
-    }
+    )
     write_status(args.status, launch)
     if mode == "systemd":
         # A failed unit of the same name blocks reuse of the name until it is reset.
@@ -242,16 +223,10 @@ def start(args: argparse.Namespace) -> int:
     else:
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         with open(f"{args.log}.supervisor", "a", encoding="utf-8") as out:
-            proc = subprocess.Popen(
-                supervisor,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=args.workdir or None,
-                env={**os.environ, **env_pairs},
-                start_new_session=True,
+            proc = procs.spawn_detached(
+                supervisor, output=out, env={**os.environ, **env_pairs}, cwd=args.workdir
             )
-        launch["supervisor_pid"] = proc.pid
+        launch["pid"] = proc.pid
         write_status(args.status, launch)
     _emit(
         {
@@ -272,14 +247,7 @@ def stop(args: argparse.Namespace) -> int:
     if status.get("mode") == "systemd":
         subprocess.run(["systemctl", "stop", status["unit"]], check=False)
     else:
-        pid = int(status["supervisor_pid"])
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(os.getpgid(pid), signal.SIGTERM)
-        deadline = time.monotonic() + args.timeout
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _pid_alive(pid):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        procs.stop_group(int(status["pid"]), args.timeout)
     _emit({"stopped": True, "status": current_status(args.status)})
     return 0
 
@@ -289,11 +257,11 @@ def wait_status(args: argparse.Namespace) -> int:
     unless --until-final."""
     status = current_status(args.status)
     deadline = time.monotonic() + args.wait
-    first = (status or {}).get("step"), (status or {}).get("state")
+    first = (status or {}).get("done"), (status or {}).get("state")
     while status and status.get("state") not in (*FINAL_STATES, "lost") and time.monotonic() < deadline:
         time.sleep(min(1.0, args.wait))
         status = current_status(args.status)
-        if status and not args.until_final and ((status.get("step"), status.get("state")) != first):
+        if status and not args.until_final and ((status.get("done"), status.get("state")) != first):
             break
     if status is None:
         status = {"state": "absent", "line": "absent | no training was launched here"}

@@ -14,19 +14,22 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from regen.fsio import atomic_write_json
+from regen.jobs.status import Status
 
 STEP_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?step (?P<step>\d+): (?P<metrics>\{.*\})\s*$")
 # Lines that name why a run failed; the last one seen is reported.
 ERROR_LINE = re.compile(
     r"^\s*(?:\[rank\d+\]:\s*)?(?P<error>(?:[A-Za-z_.]*Error|Exception|RuntimeError)(?::.*)?)$"
 )
+# The states a training reports (a subset of `regen.jobs.status.STATES`); "lost" is the launcher's
+# verdict on a supervisor that vanished, which a later look may still revise.
 STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
 FINAL_STATES = ("succeeded", "failed", "stopped")
 
@@ -51,21 +54,14 @@ def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
 
 
 def new_status(total_steps: int | None = None, **extra: Any) -> dict[str, Any]:
+    """A training status document (`regen.jobs.status`: `done`/`total` count optimizer steps, `pid` is
+    the supervisor's) with SpecForge's metrics beside the schema's keys, and the launcher's `extra`."""
+    now = time.time()
+    doc = Status(job="train", state="starting", item="step", line="", done=0, total=total_steps, pid=None)
     return {
-        "state": "starting",
-        "step": 0,
-        "total_steps": total_steps,
-        "loss": None,
-        "acc": None,
-        "lr": None,
-        "grad_norm": None,
-        "step_time_s": None,
-        "eta_s": None,
-        "started_at": time.time(),
-        "updated_at": time.time(),
-        "exit_code": None,
-        "error": None,
-        "log_lines": 0,
+        **doc.document(
+            loss=None, acc=None, lr=None, grad_norm=None, step_time_s=None, started_at=now, log_lines=0
+        ),
         **extra,
     }
 
@@ -83,7 +79,7 @@ def apply_line(status: dict[str, Any], line: str, now: float | None = None) -> b
     step, metrics = parsed
     now = time.time() if now is None else now
     status["state"] = "running"
-    status["step"] = step
+    status["done"] = step
     status["loss"] = metrics.get("loss")
     status["acc"] = metrics.get("acc")
     status["lr"] = metrics.get("lr")
@@ -98,7 +94,7 @@ def apply_line(status: dict[str, Any], line: str, now: float | None = None) -> b
 
 def eta_seconds(status: dict[str, Any], now: float | None = None) -> float | None:
     """Seconds left: remaining steps x the mean time per step so far (or SpecForge's last step time)."""
-    total, step = status.get("total_steps"), status.get("step") or 0
+    total, step = status.get("total"), status.get("done") or 0
     if not total or step <= 0:
         return None
     remaining = max(0, total - step)
@@ -132,8 +128,8 @@ def human_duration(seconds: float | None) -> str:
 
 def progress_line(status: dict[str, Any]) -> str:
     """One line for Ansible's output: state, step/total, loss, acceptance proxy, ETA."""
-    total = status.get("total_steps")
-    parts = [status.get("state", "?"), f"step {status.get('step', 0)}/{total if total else '?'}"]
+    total = status.get("total")
+    parts = [status.get("state", "?"), f"step {status.get('done', 0)}/{total if total else '?'}"]
     if status.get("loss") is not None:
         parts.append(f"loss {status['loss']:.4f}")
     if status.get("acc") is not None:
@@ -149,18 +145,9 @@ def progress_line(status: dict[str, Any]) -> str:
 
 def write_status(path: str | Path, status: dict[str, Any]) -> None:
     """Atomic replace: readers see the old or the new document, never a torn one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     status["line"] = progress_line(status)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(status, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    status["updated_at"] = time.time()
+    atomic_write_json(path, status, durable=False)
 
 
 def read_status(path: str | Path) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from regen.tokenize.conversation import RowError
+from regen.tokenization.conversation import RowError
 
 TRUNCATION_POLICIES = ("truncate", "drop")
 

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.tokenize.conversation import Conversation, RowError
+from regen.tokenization.conversation import Conversation, RowError
 
 REASONING_POLICIES = ("keep", "last", "drop")
 TRAIN_TURNS = ("all", "last")

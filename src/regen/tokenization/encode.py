@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from regen.tokenize.conversation import RowError
-from regen.tokenize.render import Rendered
+from regen.tokenization.conversation import RowError
+from regen.tokenization.render import Rendered
 
 SPECIAL_IN_CONTENT = ("text", "reject", "control")
 

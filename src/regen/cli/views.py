@@ -1,0 +1,503 @@
+"""What `regen` prints: tables, trees, the live and plain views of a run, the run summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from regen.runner import (
+    Event,
+    ExitCode,
+    JobProgress,
+    NoHostsMatched,
+    Output,
+    RunHandle,
+    RunResult,
+    StageFinished,
+    StageStarted,
+    TaskResult,
+    TaskRetry,
+    TaskStarted,
+    TaskStatus,
+)
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console; when output goes to a file or pipe (a log), 120 columns unless $COLUMNS says otherwise."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, width=120)
+    return console
+
+
+_STATUS_STYLE = {
+    "ok": "green",
+    "changed": "yellow",
+    "failed": "bold red",
+    "canceled": "magenta",
+    "no hosts": "dim",
+    "not run": "dim",
+    "running": "cyan",
+    "done": "green",
+    "would change": "yellow",
+    "would fail": "bold red",
+    "blocked": "red",
+    "not reached": "dim",
+    "not checked": "dim",
+    "successful": "green",
+    "timeout": "red",
+    "error": "bold red",
+}
+_RESULT_STYLE = {
+    "ok": "green",
+    "changed": "yellow",
+    "failed": "bold red",
+    "skipped": "cyan",
+    "unreachable": "bold red",
+}
+
+
+def styled(status: str) -> Text:
+    return Text(status, style=_STATUS_STYLE.get(status, ""))
+
+
+def _fmt_num(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{sec:02d}s"
+
+
+def _iso_seconds(a: str | None, b: str | None) -> float | None:
+    from datetime import datetime
+
+    try:
+        return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds() if a and b else None
+    except ValueError:
+        return None
+
+
+def when(iso: str | None) -> str:
+    from datetime import datetime
+
+    if not iso:
+        return "?"
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%m-%d %H:%M:%S")
+    except ValueError:
+        return iso
+
+
+def stage_table(result: RunResult) -> Table:
+    table = Table(title="stages", title_justify="left", show_edge=False, pad_edge=False)
+    columns = (
+        "stage",
+        "status",
+        "ok",
+        "changed",
+        "failed",
+        "skipped",
+        "unreachable",
+        "rescued",
+        "ignored",
+        "time",
+    )
+    for column in columns:
+        table.add_column(column, justify="right" if column not in ("stage", "status") else "left")
+    for stage in result.stages:
+        c = stage.counts
+        counts = (c.ok, c.changed, c.failed, c.skipped, c.unreachable, c.rescued, c.ignored)
+        table.add_row(
+            stage.name,
+            styled(stage.status),
+            *(str(n) for n in counts),
+            _duration(_iso_seconds(stage.started, stage.finished)),
+        )
+    return table
+
+
+def host_table(result: RunResult) -> Table:
+    table = Table(title="hosts (PLAY RECAP)", title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("host", "ok", "changed", "failed", "unreachable", "skipped", "rescued", "ignored"):
+        table.add_column(column, justify="left" if column == "host" else "right")
+    for host, s in sorted(result.hosts.items()):
+        table.add_row(
+            host,
+            *(str(v) for v in (s.ok, s.changed, s.failed, s.unreachable, s.skipped, s.rescued, s.ignored)),
+        )
+    return table
+
+
+def exit_line(result: RunResult) -> Text:
+    code = result.exit_code
+    if code is ExitCode.OK:
+        what = "check mode: nothing was changed" if result.check else "all stages ran"
+    elif code is ExitCode.CANCELED:
+        what = "canceled"
+    elif code in (ExitCode.TASK_FAILED, ExitCode.UNREACHABLE) and result.failed_task:
+        f = result.failed_task
+        what = f"{'host unreachable' if f.unreachable else 'task failed'} in stage {f.stage or '?'}"
+    else:
+        what = result.error.splitlines()[0] if result.error else result.status
+    style = "bold green" if code is ExitCode.OK else "bold red"
+    return Text(f"regen: exit {int(code)} ({code.name.lower()}): {what}", style=style)
+
+
+def print_summary(console: Console, result: RunResult) -> None:
+    console.print()
+    if result.stages:
+        console.print(stage_table(result))
+    if result.hosts:
+        console.print(host_table(result))
+    for failure in result.failures:
+        label = "UNREACHABLE" if failure.unreachable else "FAILED"
+        console.print(
+            Text(
+                f"{label}: stage {failure.stage} · task {failure.task!r} · host {failure.host}",
+                style="bold red",
+            )
+        )
+        if failure.path:
+            console.print(Text(f"  at {failure.path}", style="dim"))
+        for line in (failure.message or "(no message)").splitlines():
+            console.print(Text(f"  {line}"))
+    if result.error and not result.failures:
+        console.print(Text("error:", style="bold red"))
+        for line in result.error.splitlines()[-15:]:
+            console.print(Text(f"  {line}"))
+    artifacts = result.artifacts
+    listed = [
+        (name, getattr(artifacts, name))
+        for name in ("facts", "environment_manifests", "completions", "tokenized", "checkpoints")
+    ]
+    if any(paths for _, paths in listed):
+        console.print(Text("artifacts:", style="bold"))
+        for name, paths in listed:
+            if paths:
+                shown = ", ".join(str(p) for p in paths[:3]) + (
+                    f" (+{len(paths) - 3} more)" if len(paths) > 3 else ""
+                )
+                console.print(Text(f"  {name.replace('_', ' ')}: {shown}"))
+    if result.artifact_dir:
+        console.print(Text(f"run record: {result.artifact_dir}", style="dim"))
+    console.print(exit_line(result))
+
+
+class LiveView:
+    """State of a run as the events arrive: stages, the current task, one progress bar per job."""
+
+    def __init__(self, stages: Sequence[str], title: str) -> None:
+        self.title = title
+        self.stage_state: dict[str, str] = dict.fromkeys(stages, "pending")
+        self.stage_counts: dict[str, str] = {}
+        self.current_task: str | None = None
+        self.task_started = 0.0
+        self.retry: str | None = None
+        self.progress = Progress(
+            TextColumn("  {task.description}"),
+            BarColumn(bar_width=30),
+            TextColumn("{task.fields[count]}"),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            auto_refresh=False,
+        )
+        self._jobs: dict[tuple[str, str], TaskID] = {}
+        self.notes: dict[str, Text] = {}
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, StageStarted):
+            self.stage_state[event.stage] = "running"
+        elif isinstance(event, StageFinished):
+            c = event.counts
+            self.stage_state[event.stage] = "failed" if event.failed else ("changed" if c.changed else "ok")
+            self.stage_counts[event.stage] = (
+                f"ok={c.ok} changed={c.changed} failed={c.failed} skipped={c.skipped}"
+            )
+            self.current_task = None
+        elif isinstance(event, NoHostsMatched) and event.stage:
+            self.stage_counts[event.stage] = "no hosts matched"
+        elif isinstance(event, TaskStarted):
+            self.current_task = f"{event.role + ' : ' if event.role else ''}{event.task}"
+            self.task_started = time.monotonic()
+            self.retry = None
+        elif isinstance(event, TaskRetry):
+            self.retry = (
+                f"attempt {event.attempt}/{event.retries}" if event.retries else f"attempt {event.attempt}"
+            )
+        elif isinstance(event, TaskResult):
+            # A host that goes on after a failure had it rescued: its note goes away.
+            self.notes.pop(event.host, None)
+            if event.status in (TaskStatus.FAILED, TaskStatus.UNREACHABLE) and not event.ignored:
+                first_line = event.message.splitlines()[0] if event.message else ""
+                self.notes[event.host] = Text(
+                    f"{event.status.value}: {event.host} · {event.task}: {first_line}", style="red"
+                )
+        elif isinstance(event, JobProgress):
+            self._job(event)
+
+    def _job(self, event: JobProgress) -> None:
+        status = event.status
+        key = (status.job, event.host or "")
+        label = f"{status.job}@{event.host}" if event.host else status.job
+        count = f"{_fmt_num(status.done)}/{_fmt_num(status.total)}"
+        rate = f"{status.tokens_per_s:.1f} tok/s" if status.tokens_per_s is not None else ""
+        if status.failed:
+            count += f" ({_fmt_num(status.failed)} failed)"
+        task_id = self._jobs.get(key)
+        if task_id is None:
+            task_id = self.progress.add_task(label, total=status.total, count=count, rate=rate)
+            self._jobs[key] = task_id
+        self.progress.update(task_id, total=status.total, completed=status.done or 0, count=count, rate=rate)
+
+    def render(self) -> Group:
+        table = Table.grid(padding=(0, 2))
+        for name, state in self.stage_state.items():
+            marker = {"running": "▶", "ok": "✓", "changed": "✓", "failed": "✗"}.get(state, "·")
+            table.add_row(
+                Text(marker, style=_STATUS_STYLE.get(state, "dim")),
+                name,
+                styled(state),
+                Text(self.stage_counts.get(name, ""), style="dim"),
+            )
+        parts: list[Any] = [Text(self.title, style="bold"), table]
+        if self.current_task:
+            elapsed = time.monotonic() - self.task_started
+            suffix = f" · {self.retry}" if self.retry else ""
+            parts.append(Text(f"  task: {self.current_task} ({elapsed:.0f}s{suffix})", style="cyan"))
+        if self._jobs:
+            parts.append(self.progress)
+        parts.extend(list(self.notes.values())[-3:])
+        return Group(*parts)
+
+
+class PlainView:
+    """Line-by-line output for logs and pipes (no cursor movement)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._last_job: dict[tuple[str, str], tuple[float | None, float]] = {}
+
+    def handle(self, event: Event) -> None:
+        def out(text: Text) -> None:
+            self.console.print(text, soft_wrap=True)  # one event, one line: logs stay greppable
+
+        if isinstance(event, StageStarted):
+            out(Text(f"== stage {event.stage} (hosts: {event.hosts})", style="bold"))
+        elif isinstance(event, StageFinished):
+            c = event.counts
+            out(
+                Text(
+                    f"== stage {event.stage} {'FAILED' if event.failed else 'done'}: "
+                    f"ok={c.ok} changed={c.changed} "
+                    f"failed={c.failed} skipped={c.skipped} unreachable={c.unreachable}"
+                    + (f" rescued={c.rescued}" if c.rescued else "")
+                    + (f" ignored={c.ignored}" if c.ignored else ""),
+                    style="red" if event.failed else "green",
+                )
+            )
+        elif isinstance(event, NoHostsMatched):
+            out(Text(f"   no hosts matched for {event.play}", style="dim"))
+        elif isinstance(event, TaskResult):
+            if event.status is TaskStatus.SKIPPED:
+                return
+            line = Text(
+                f"   {event.status.value:<11} {event.host}  {event.task}",
+                style=_RESULT_STYLE.get(event.status, ""),
+            )
+            if event.ignored:
+                line.append(" (ignored)", style="dim")
+            out(line)
+            if event.status in (TaskStatus.FAILED, TaskStatus.UNREACHABLE) and event.message:
+                for text in event.message.splitlines()[:10]:
+                    out(Text(f"      {text}", style="red"))
+        elif isinstance(event, JobProgress):
+            s = event.status
+            key = (s.job, event.host or "")
+            last_done, last_time = self._last_job.get(key, (None, 0.0))
+            now = time.monotonic()
+            if s.done == last_done or (now - last_time < 5 and not s.finished):
+                return
+            self._last_job[key] = (s.done, now)
+            pct = f" ({s.fraction:.0%})" if s.fraction is not None else ""
+            rate = f", {s.tokens_per_s:.1f} tok/s" if s.tokens_per_s is not None else ""
+            out(
+                Text(
+                    f"   job {s.job}{'@' + event.host if event.host else ''}: "
+                    f"{_fmt_num(s.done)}/{_fmt_num(s.total)}{pct}{rate}",
+                    style="cyan",
+                )
+            )
+        elif isinstance(event, Output) and event.level in ("warning", "error", "deprecated"):
+            out(Text(f"   [{event.level}] {event.text}", style="yellow" if event.level != "error" else "red"))
+
+
+def watch_run(
+    handle: RunHandle,
+    console: Console,
+    *,
+    plain: bool,
+    events_json: bool,
+    title: str,
+    stages: Sequence[str],
+    events_queue: queue.Queue[Event],
+) -> RunResult:
+    """Drive a view from the main thread until the run ends; Ctrl-C cancels the run."""
+    from rich.live import Live
+
+    def drain(view: Any) -> None:
+        while True:
+            try:
+                event = events_queue.get_nowait()
+            except queue.Empty:
+                return
+            if events_json:
+                print(json.dumps(event.to_dict(), default=str), flush=True)
+            if view is not None:
+                view.handle(event)
+
+    try:
+        if events_json:
+            while not handle.done():
+                drain(None)
+                time.sleep(0.1)
+            drain(None)
+        elif plain or not console.is_terminal:
+            view = PlainView(console)
+            console.print(Text(title, style="bold"))
+            while not handle.done():
+                drain(view)
+                time.sleep(0.1)
+            drain(view)
+        else:
+            live_view = LiveView(stages, title)
+            with Live(live_view.render(), console=console, refresh_per_second=8, transient=False) as live:
+                while not handle.done():
+                    drain(live_view)
+                    live.update(live_view.render())
+                    time.sleep(0.12)
+                drain(live_view)
+                live.update(live_view.render())
+    except KeyboardInterrupt:
+        console.print(Text("interrupted: canceling the run…", style="magenta"))
+        handle.cancel()
+    # The cancel lands within about a second; a second Ctrl-C must not leave ansible-playbook running.
+    while True:
+        try:
+            return handle.wait()
+        except KeyboardInterrupt:
+            handle.cancel()
+
+
+def _plan_rows(plan_doc: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str, str]]:
+    rows: list[tuple[str, str, str]] = []
+    for key, value in plan_doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and "value" in value:
+            reason = value.get("reason") or value.get("why") or ""
+            rows.append((name, json.dumps(value["value"], default=str), str(reason)))
+        elif isinstance(value, Mapping):
+            reason = str(value.get("reason", "")) if isinstance(value.get("reason"), str) else ""
+            scalars = {k: v for k, v in value.items() if not isinstance(v, Mapping) and k != "reason"}
+            if scalars and not any(isinstance(v, Mapping) for v in value.values()):
+                rows.append((name, json.dumps(scalars, default=str), reason))
+            else:
+                rows.extend(_plan_rows(value, f"{name}."))
+        else:
+            rows.append((name, json.dumps(value, default=str), ""))
+    return rows
+
+
+def plan_table(plan_doc: Mapping[str, Any]) -> Table:
+    table = Table(title="plan", title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("setting")
+    table.add_column("value")
+    table.add_column("why", style="dim")
+    for name, value, reason in _plan_rows(plan_doc):
+        table.add_row(name, escape(value), escape(reason))
+    return table
+
+
+def facts_tree(facts: Mapping[str, Any], label: str = "facts") -> Tree:
+    """Nested facts as a tree; small flat mappings (a module's import status, say) on one line each."""
+    tree = Tree(Text(label, style="bold"))
+
+    def add(node: Tree, key: str | None, value: Any) -> None:
+        head = Text(f"{key}: ", style="bold") if key is not None else Text()
+        compact = _compact(value)
+        if compact is not None:
+            node.add(head + Text(compact))
+        elif isinstance(value, Mapping):
+            child = node.add(Text(str(key), style="bold")) if key is not None else node
+            for k, v in value.items():
+                add(child, str(k), v)
+        else:  # a list of mappings or lists
+            child = node.add(Text(str(key), style="bold")) if key is not None else node
+            for i, item in enumerate(value):
+                add(child, f"[{i}]", item)
+
+    add(tree, None, facts)
+    return tree
+
+
+def _compact(value: Any, limit: int = 110) -> str | None:
+    """One line for a scalar, a list of scalars or a small mapping of those; None when it needs a subtree."""
+    if not isinstance(value, Mapping | list) or not value or _is_scalar_list(value):
+        return _short(value)
+    if isinstance(value, Mapping) and all(
+        not isinstance(v, Mapping | list) or _is_scalar_list(v) for v in value.values()
+    ):
+        line = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in value.items())
+        return line if len(line) <= limit else None
+    return None
+
+
+def _is_scalar_list(value: Any) -> bool:
+    return isinstance(value, list) and all(not isinstance(v, Mapping | list) for v in value)
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = text.replace("\n", "⏎")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def run_row(result: RunResult) -> list[Any]:
+    stages = " ".join(s.name for s in result.stages if s.status != "not run") or (
+        ",".join(result.tags) or "-"
+    )
+    totals = [
+        sum(getattr(h, k) for h in result.hosts.values()) for k in ("ok", "changed", "failed", "unreachable")
+    ]
+    failed = f"{result.failed_task.stage}: {result.failed_task.task}" if result.failed_task else ""
+    outcome = styled(result.status)
+    if result.check:
+        outcome.append(" (check)", style="dim")
+    return [
+        when(result.started),
+        result.ident,
+        stages,
+        outcome,
+        "/".join(str(n) for n in totals),
+        _duration(result.duration),
+        failed,
+    ]

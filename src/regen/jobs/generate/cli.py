@@ -1,0 +1,202 @@
+"""Command line of the generation job (`python -m regen.jobs.generate`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from regen.jobs._common import (
+    EXIT_OK,
+    JobError,
+    job_parser,
+    setup_logging,
+    want_progress,
+)
+from regen.jobs.generate.job import GenerateJob, Settings, dry_run
+from regen.jobs.generate.rows import RESERVED_BODY_KEYS, normalize_endpoint
+
+log = logging.getLogger("regen.jobs.generate")
+
+# ==================================================================================================
+# CLI
+# ==================================================================================================
+
+
+def _json_object(text: str, flag: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise JobError(
+            f"{flag} is not valid JSON ({exc}); pass an object such as '{{\"thinking\": true}}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise JobError(f"{flag} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _package_doc() -> str | None:
+    from regen.jobs import generate
+
+    return generate.__doc__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = job_parser("python -m regen.jobs.generate", _package_doc(), status=True, progress=True)
+    io = p.add_argument_group("input and output")
+    io.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="PROMPTS",
+        help="normalized prompt JSONL file or the prompts job's directory (repeatable)",
+    )
+    io.add_argument("--output-dir", required=True, type=Path)
+    io.add_argument("--shard-records", type=int, default=100_000, help="records per output shard")
+    io.add_argument(
+        "--no-fsync",
+        dest="fsync",
+        action="store_false",
+        help="skip fsync (survives a killed process, not a power loss)",
+    )
+    io.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what a run would do (JSON: pending, done, config_matches) and write nothing",
+    )
+    io.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume an output directory that was produced with different generation settings",
+    )
+
+    srv = p.add_argument_group("server")
+    srv.add_argument(
+        "--endpoint",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="server base URL, with or without /v1 (repeatable; or one router URL)",
+    )
+    srv.add_argument("--model", required=True, help="model name the server serves")
+    srv.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    srv.add_argument("--concurrency", type=int, default=64, help="requests in flight per endpoint")
+    srv.add_argument("--request-timeout", type=float, default=1800.0, help="seconds per request")
+
+    gen = p.add_argument_group("generation")
+    gen.add_argument("--max-tokens", type=int, default=4096)
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument(
+        "--extra-body",
+        default="{}",
+        metavar="JSON",
+        help="more request fields, e.g. '{\"top_k\": 20}' (only what the server accepts)",
+    )
+    gen.add_argument(
+        "--chat-template-kwargs",
+        default="{}",
+        metavar="JSON",
+        help="sent as chat_template_kwargs, e.g. '{\"thinking\": true}' (Kimi) or "
+        "'{\"enable_thinking\": false}' (Qwen3); take it from the model facts",
+    )
+    gen.add_argument(
+        "--reasoning",
+        choices=("field", "inline"),
+        default="field",
+        help="keep the server's reasoning_content in its own field, or inline as <think>...</think>",
+    )
+    gen.add_argument(
+        "--truncated",
+        choices=("keep", "drop"),
+        default="keep",
+        help="finish_reason=length completions: keep (flagged truncated) or move to dropped-*.jsonl",
+    )
+    gen.add_argument("--keep-truncated", dest="truncated", action="store_const", const="keep")
+    gen.add_argument("--drop-truncated", dest="truncated", action="store_const", const="drop")
+    gen.add_argument("--seed", type=int, help="seed for retry jitter (tests)")
+
+    f = p.add_argument_group("faults")
+    f.add_argument("--max-retries", type=int, default=8, help="retries per request (circuit pauses are free)")
+    f.add_argument("--backoff-base", type=float, default=1.0)
+    f.add_argument("--backoff-max", type=float, default=60.0)
+    f.add_argument("--retry-after-max", type=float, default=300.0, help="cap on a server's Retry-After")
+    f.add_argument(
+        "--circuit-threshold", type=int, default=3, help="consecutive failures that open a circuit"
+    )
+    f.add_argument(
+        "--circuit-cooldown", type=float, default=2.0, help="first pause of an open circuit (doubles)"
+    )
+    f.add_argument("--circuit-cooldown-max", type=float, default=60.0)
+    f.add_argument(
+        "--max-outage",
+        type=float,
+        default=1800.0,
+        help="stop (exit 3) when every endpoint has been down this long",
+    )
+    return p
+
+
+def settings_from_args(a: argparse.Namespace) -> Settings:
+    if a.concurrency < 1:
+        raise JobError("--concurrency must be at least 1")
+    if a.max_tokens < 1:
+        raise JobError("--max-tokens must be at least 1")
+    api_key = None
+    if a.api_key_env:
+        api_key = os.environ.get(a.api_key_env)
+        if not api_key:
+            raise JobError(
+                f"environment variable {a.api_key_env} (named by --api-key-env) is not set or empty"
+            )
+    extra = _json_object(a.extra_body, "--extra-body")
+    clash = RESERVED_BODY_KEYS & set(extra)
+    if clash:
+        raise JobError(f"--extra-body may not set {sorted(clash)}; use the dedicated flags")
+    for url in a.endpoint:
+        normalize_endpoint(url)
+    return Settings(
+        inputs=a.input,
+        output_dir=a.output_dir,
+        endpoints=a.endpoint,
+        model=a.model,
+        concurrency=a.concurrency,
+        max_tokens=a.max_tokens,
+        api_key=api_key,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        extra_body=extra,
+        chat_template_kwargs=_json_object(a.chat_template_kwargs, "--chat-template-kwargs"),
+        reasoning=a.reasoning,
+        truncated=a.truncated,
+        max_retries=a.max_retries,
+        request_timeout=a.request_timeout,
+        backoff_base=a.backoff_base,
+        backoff_max=a.backoff_max,
+        retry_after_max=a.retry_after_max,
+        circuit_threshold=a.circuit_threshold,
+        circuit_cooldown=a.circuit_cooldown,
+        circuit_cooldown_max=a.circuit_cooldown_max,
+        max_outage=a.max_outage,
+        status_file=a.status_file or (a.output_dir / "status.json"),
+        status_interval=a.status_interval,
+        progress=want_progress(a.progress),
+        shard_records=a.shard_records,
+        fsync=a.fsync,
+        allow_config_change=a.allow_config_change,
+        seed=a.seed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    setup_logging(a.log_level, a.log_format)
+    s = settings_from_args(a)
+    if a.dry_run:
+        print(json.dumps(dry_run(s)))
+        return EXIT_OK
+    return asyncio.run(GenerateJob(s).run())

@@ -1,0 +1,728 @@
+"""The generation job: settings, counters, the run loop over the endpoint pool, the dry run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from regen import __version__
+from regen.fsio import atomic_write_json, write_all
+from regen.jobs._common import (
+    EXIT_FAILED_RECORDS,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    JobError,
+    Reservoir,
+    StatusFile,
+    count_lines,
+    fmt_seconds,
+    iter_lines,
+    kv,
+    make_progress,
+)
+from regen.jobs._ledger import ShardStore, id_digest, line_id
+from regen.jobs.generate.endpoints import Endpoint, EndpointPool, EndpointsDown
+from regen.jobs.generate.rows import (
+    CIRCUIT_STATUS,
+    KIND_COMPLETIONS,
+    KIND_DROPPED,
+    RETRY_STATUS,
+    BadRow,
+    Completion,
+    MalformedResponse,
+    assistant_message,
+    backoff_delay,
+    normalize_endpoint,
+    parse_completion,
+    parse_prompt_row,
+    parse_retry_after,
+    resolve_inputs,
+    turn_plan,
+)
+from regen.jobs.status import Status
+
+log = logging.getLogger("regen.jobs.generate")
+
+# ==================================================================================================
+# The job
+# ==================================================================================================
+
+
+class FinalFailure(Exception):
+    def __init__(self, reason: str, attempts: int, status: int | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.attempts = attempts
+        self.status = status
+
+
+@dataclass
+class Settings:
+    inputs: list[str]
+    output_dir: Path
+    endpoints: list[str]
+    model: str
+    concurrency: int
+    max_tokens: int
+    api_key: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning: str = "field"
+    truncated: str = "keep"
+    max_retries: int = 8
+    request_timeout: float = 1800.0
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    retry_after_max: float = 300.0
+    circuit_threshold: int = 3
+    circuit_cooldown: float = 2.0
+    circuit_cooldown_max: float = 60.0
+    max_outage: float = 1800.0
+    status_file: Path | None = None
+    status_interval: float = 2.0
+    progress: bool = False
+    shard_records: int = 100_000
+    fsync: bool = True
+    allow_config_change: bool = False
+    seed: int | None = None
+
+    def provenance(self) -> dict[str, Any]:
+        """What determines the content of a completion; a resumed run must use the same."""
+        sampling: dict[str, Any] = {}
+        if self.temperature is not None:
+            sampling["temperature"] = self.temperature
+        if self.top_p is not None:
+            sampling["top_p"] = self.top_p
+        sampling.update(self.extra_body)
+        return {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "sampling": sampling,
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "reasoning": self.reasoning,
+            "truncated": self.truncated,
+        }
+
+    def base_body(self) -> dict[str, Any]:
+        # Only what was asked for: strict servers (transformers serve) reject fields they do not know.
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
+        body.update(self.extra_body)
+        return body
+
+
+@dataclass
+class Stats:
+    done: int = 0
+    dropped: int = 0
+    failed: int = 0
+    invalid: int = 0
+    skipped: int = 0
+    duplicates: int = 0
+    truncated: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    requests: int = 0
+    retries: int = 0
+
+
+class GenerateJob:
+    def __init__(self, s: Settings):
+        self.s = s
+        self.stats = Stats()
+        self.latency = Reservoir()
+        self.store = ShardStore(
+            s.output_dir, kinds=("completions", "dropped"), shard_records=s.shard_records, fsync=s.fsync
+        )
+        self.status = StatusFile(s.status_file, s.status_interval)
+        self.total: int | None = None
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self._first_request: float | None = None  # generation window: first request .. last durable write
+        self._last_write: float | None = None
+        self._timeout = aiohttp.ClientTimeout(total=s.request_timeout)
+        self._rng = random.Random(s.seed)
+        self._stopping = False
+        self._interrupted = 0
+        self._inflight: set[bytes] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._state = "starting"
+        self._bar = None
+        self._provenance = s.provenance()
+        self._provenance_record = dict(self._provenance, generator=f"regen {__version__}")
+        self.pool = EndpointPool(
+            [Endpoint(url=u, chat_url=normalize_endpoint(u), limit=s.concurrency) for u in s.endpoints],
+            threshold=s.circuit_threshold,
+            cooldown=s.circuit_cooldown,
+            cooldown_max=s.circuit_cooldown_max,
+            max_outage=s.max_outage,
+        )
+        self._headers = {"Content-Type": "application/json"}
+        if s.api_key:
+            self._headers["Authorization"] = f"Bearer {s.api_key}"
+        self._base_body = s.base_body()
+
+    # ------------------------------------------------------------------ config guard
+
+    def check_config(self) -> None:
+        path = self.s.output_dir / "run.json"
+        if path.is_file():
+            try:
+                previous = json.loads(path.read_text()).get("provenance")
+            except ValueError:
+                previous = None
+            if previous is not None and previous != self._provenance:
+                diffs = [
+                    f"{k}: {previous.get(k)!r} -> {self._provenance.get(k)!r}"
+                    for k in sorted(set(previous) | set(self._provenance))
+                    if previous.get(k) != self._provenance.get(k)
+                ]
+                if not self.s.allow_config_change:
+                    raise JobError(
+                        f"{self.s.output_dir} holds completions made with other settings "
+                        f"({'; '.join(diffs)}); "
+                        "use a new --output-dir, or pass --allow-config-change to mix them on purpose"
+                    )
+                log.warning(
+                    "settings changed; new completions will carry the new provenance",
+                    extra=kv(changes="; ".join(diffs)),
+                )
+        atomic_write_json(path, {"provenance": self._provenance, "generator": f"regen {__version__}"})
+
+    # ------------------------------------------------------------------ status
+
+    def _status_doc(self, exit_code: int | None = None) -> dict[str, Any]:
+        """The status document (`regen.jobs.status`), with this job's own details beside its keys."""
+        st = self.stats
+        elapsed = time.monotonic() - self._t0
+        rate = st.done / elapsed if elapsed > 0 else 0.0
+        accounted = st.done + st.dropped + st.failed + st.skipped + st.duplicates
+        remaining = (self.total - accounted) if self.total is not None else None
+        eta = (remaining / rate) if (remaining is not None and rate > 0) else None
+        status = Status(
+            job="generate",
+            state=self._state,
+            item="record",
+            line=self.summary_line(),
+            done=st.done,
+            total=self.total,
+            failed=st.failed,
+            tokens=st.tokens_out,
+            tokens_per_s=round(st.tokens_out / elapsed, 1) if elapsed else 0.0,
+            eta_s=round(eta, 1) if eta is not None else None,
+            exit_code=exit_code,
+            error=str(self.pool.fatal) if self.pool.fatal is not None else None,
+        )
+        return status.document(
+            started_at=self.started,
+            elapsed_s=round(elapsed, 3),
+            generating_s=round(self._last_write - self._first_request, 3)
+            if (self._first_request is not None and self._last_write is not None)
+            else None,
+            output_dir=str(self.s.output_dir),
+            inputs=[str(i) for i in self.s.inputs],
+            dropped=st.dropped,
+            invalid=st.invalid,
+            skipped=st.skipped,
+            duplicates=st.duplicates,
+            truncated=st.truncated,
+            in_flight=len(self._inflight),
+            remaining=remaining,
+            tokens_in=st.tokens_in,
+            requests=st.requests,
+            retries=st.retries,
+            records_per_s=round(rate, 3),
+            latency_p50_s=self.latency.quantile(0.5),
+            latency_p99_s=self.latency.quantile(0.99),
+            outage_s=round(self.pool.outage_seconds(), 1),
+            endpoints=[ep.public() for ep in self.pool.endpoints],
+            recovery=self.store.report.as_dict(),
+            provenance=self._provenance,
+        )
+
+    def summary_line(self) -> str:
+        st = self.stats
+        elapsed = time.monotonic() - self._t0
+        return (
+            f"generate: state={self._state} done={st.done} failed={st.failed} skipped={st.skipped} "
+            f"dropped={st.dropped} truncated={st.truncated} duplicates={st.duplicates} "
+            f"tokens_in={st.tokens_in} tokens_out={st.tokens_out} "
+            f"p50={fmt_seconds(self.latency.quantile(0.5))} p99={fmt_seconds(self.latency.quantile(0.99))} "
+            f"elapsed={elapsed:.1f}s rate={st.done / elapsed if elapsed > 0 else 0:.1f}/s"
+        )
+
+    def _tick(self, n: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def _refresh_bar(self) -> None:
+        if self._bar is None:
+            return
+        elapsed = max(1e-9, time.monotonic() - self._t0)
+        self._bar.set_postfix_str(
+            f"ok={self.stats.done} fail={self.stats.failed} {self.stats.tokens_out / elapsed:.0f} tok/s",
+            refresh=False,
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    async def _request(
+        self, session, body: dict[str, Any], affinity: Endpoint | None
+    ) -> tuple[Completion, Endpoint, float, int]:
+        """One completion with retries; returns (completion, endpoint, latency, attempts)."""
+        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        timeout = self._timeout
+        if self._first_request is None:
+            self._first_request = time.monotonic()
+        spent = 0  # attempts charged against --max-retries
+        probes = 0  # failed probes of a down endpoint (not charged, but capped)
+        attempts = 0
+        last = "no attempt made"
+        status: int | None = None
+        while True:
+            ep, probe = await self.pool.acquire(affinity)
+            attempts += 1
+            self.stats.requests += 1
+            t0 = time.monotonic()
+            retry_after = None
+            try:
+                async with session.post(
+                    ep.chat_url, data=payload, headers=self._headers, timeout=timeout
+                ) as resp:
+                    status = resp.status
+                    data = await resp.read()
+                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            except TimeoutError:
+                self.pool.release(ep, probe, "down")
+                last, status = f"timed out after {self.s.request_timeout:g}s ({ep.url})", None
+            except (aiohttp.ClientError, OSError) as exc:
+                self.pool.release(ep, probe, "down")
+                last, status = f"{type(exc).__name__}: {exc} ({ep.url})", None
+            else:
+                latency = time.monotonic() - t0
+                if status == 200:
+                    try:
+                        comp = parse_completion(data)
+                    except MalformedResponse as exc:
+                        self.pool.release(ep, probe, "neutral")
+                        last = f"{exc} ({ep.url})"
+                    else:
+                        self.pool.release(ep, probe, "ok")
+                        return comp, ep, latency, attempts
+                else:
+                    text = data[:300].decode("utf-8", "replace")
+                    last = f"HTTP {status} from {ep.url}: {text}"
+                    if status == 429:
+                        ra = min(retry_after, self.s.retry_after_max) if retry_after is not None else None
+                        self.pool.release(ep, probe, "paused", ra)
+                    elif status in CIRCUIT_STATUS:
+                        self.pool.release(ep, probe, "down")
+                    else:
+                        self.pool.release(ep, probe, "neutral")
+                    if status not in RETRY_STATUS:
+                        raise FinalFailure(last, attempts, status)
+            # A probe of an endpoint that was already down costs nothing: the circuit, not the record,
+            # is what failed. Everything else spends one retry. Free probes are capped too, so a request
+            # that kills the server every time (a poison prompt) still ends in errors.jsonl.
+            if probe:
+                probes += 1
+            else:
+                spent += 1
+            if spent > self.s.max_retries or probes > self.s.max_retries:
+                raise FinalFailure(f"gave up after {attempts} attempts: {last}", attempts, status)
+            self.stats.retries += 1
+            if retry_after is not None and status == 429:
+                delay = min(retry_after, self.s.retry_after_max) * (1 + 0.1 * self._rng.random())
+            else:
+                delay = backoff_delay(spent, self.s.backoff_base, self.s.backoff_max, self._rng)
+            log.debug("retrying", extra=kv(reason=last, attempt=attempts, wait=f"{delay:.2f}s"))
+            await asyncio.sleep(delay)
+
+    async def _process(
+        self,
+        session,
+        rid: str,
+        digest: bytes,
+        conv: list[dict[str, str]],
+        queue: asyncio.Queue,
+        sem: asyncio.Semaphore,
+    ) -> None:
+        try:
+            out: list[dict[str, str]] = []
+            ctx: list[dict[str, str]] = []  # what the server sees: generated answers without reasoning
+            turns = []
+            usage_in = usage_out = 0
+            total_latency = 0.0
+            served_model = None
+            truncated = False
+            affinity: Endpoint | None = None
+            t_start = time.monotonic()
+            plan = set(turn_plan(conv))
+            for i in range(len(conv) + 1):
+                if i in plan:
+                    body = dict(self._base_body)
+                    body["messages"] = list(ctx)
+                    comp, affinity, latency, attempts = await self._request(session, body, affinity)
+                    self.latency.add(latency)
+                    total_latency += latency
+                    usage_in += comp.prompt_tokens
+                    usage_out += comp.completion_tokens
+                    served_model = served_model or comp.model
+                    truncated = truncated or comp.finish_reason == "length"
+                    out.append(assistant_message(comp, self.s.reasoning))
+                    ctx.append({"role": "assistant", "content": comp.content})
+                    turns.append(
+                        {
+                            "index": i,
+                            "finish_reason": comp.finish_reason,
+                            "prompt_tokens": comp.prompt_tokens,
+                            "completion_tokens": comp.completion_tokens,
+                            "latency_s": round(latency, 4),
+                            "attempts": attempts,
+                        }
+                    )
+                elif i < len(conv):
+                    out.append(conv[i])
+                    ctx.append(conv[i])
+            record = {
+                "id": rid,
+                "conversations": out,
+                "finish_reason": turns[-1]["finish_reason"],
+                "truncated": truncated,
+                "usage": {"prompt_tokens": usage_in, "completion_tokens": usage_out},
+                "latency_s": round(total_latency, 4),
+                "wall_s": round(time.monotonic() - t_start, 4),
+                "model": served_model or self.s.model,
+                "turns": turns,
+                "provenance": self._provenance_record,
+            }
+            kind = KIND_DROPPED if (truncated and self.s.truncated == "drop") else KIND_COMPLETIONS
+            line = json.dumps(record, ensure_ascii=False).encode()
+            await queue.put(("ok", kind, digest, line, usage_in, usage_out, truncated))
+        except FinalFailure as f:
+            err = {
+                "id": rid,
+                "error": f.reason,
+                "status": f.status,
+                "attempts": f.attempts,
+                "ts": time.time(),
+            }
+            await queue.put(("err", None, digest, json.dumps(err, ensure_ascii=False).encode(), 0, 0, False))
+        except EndpointsDown:
+            self._stopping = True
+            self._inflight.discard(digest)
+        except asyncio.CancelledError:
+            self._inflight.discard(digest)
+            raise
+        finally:
+            sem.release()
+
+    # ------------------------------------------------------------------ writer
+
+    def _write_sync(self, store_items, error_lines, errors_fd: int) -> None:
+        if store_items:
+            self.store.append(store_items)
+        if error_lines:
+            write_all(errors_fd, b"".join(line + b"\n" for line in error_lines))
+
+    async def _writer(self, queue: asyncio.Queue, errors_fd: int) -> None:
+        stop = False
+        while not stop:
+            batch = [await queue.get()]
+            while True:
+                try:
+                    batch.append(queue.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            stop = any(item is None for item in batch)
+            items = [item for item in batch if item is not None]
+            store_items = [(kind, digest, line) for tag, kind, digest, line, *_ in items if tag == "ok"]
+            error_lines = [line for tag, _, _, line, *_ in items if tag == "err"]
+            if store_items or error_lines:
+                await asyncio.to_thread(self._write_sync, store_items, error_lines, errors_fd)
+                self._last_write = time.monotonic()
+            st = self.stats
+            for tag, kind, digest, _, t_in, t_out, truncated in items:
+                if tag == "ok":
+                    self.store.index.add(digest)
+                    st.tokens_in += t_in
+                    st.tokens_out += t_out
+                    st.truncated += truncated
+                    if kind == KIND_DROPPED:
+                        st.dropped += 1
+                    else:
+                        st.done += 1
+                else:
+                    st.failed += 1
+                self._inflight.discard(digest)
+            self._tick(len(items))
+            self._refresh_bar()
+            self.status.maybe_write(self._status_doc)
+
+    # ------------------------------------------------------------------ feeding
+
+    async def _error_now(self, queue: asyncio.Queue, rid: str | None, where: str, reason: str) -> None:
+        self.stats.invalid += 1
+        err = {
+            "id": rid,
+            "input": where,
+            "error": f"invalid input row: {reason}",
+            "status": None,
+            "attempts": 0,
+            "ts": time.time(),
+        }
+        await queue.put(("err", None, b"", json.dumps(err, ensure_ascii=False).encode(), 0, 0, False))
+
+    async def _feed(self, session, files: list[Path], queue: asyncio.Queue, sem: asyncio.Semaphore) -> None:
+        batch: list[tuple[int, bytes]] = []
+
+        async def flush(path: str) -> None:
+            # Ids and the done-check for the whole batch at once: a resumed run mostly skips, and
+            # skipping must cost microseconds per line.
+            ids = [line_id(raw) for _, raw in batch]
+            valid = [i for i, rid in enumerate(ids) if rid is not None]
+            digests = [id_digest(ids[i]) for i in valid]
+            known = self.store.index.contains_many(digests)
+            skipped = sum(known)
+            if skipped:
+                self.stats.skipped += skipped
+                self._tick(skipped)
+            todo = sorted(
+                [i for i, rid in enumerate(ids) if rid is None]
+                + [valid[k] for k, done in enumerate(known) if not done]
+            )
+            digest_of = dict(zip(valid, digests, strict=True))
+            for i in todo:
+                if self._stopping:
+                    return
+                lineno, raw = batch[i]
+                rid = ids[i]
+                where = f"{path}:{lineno}"
+                if rid is None:
+                    try:
+                        obj = json.loads(raw)
+                    except (ValueError, UnicodeDecodeError) as exc:
+                        await self._error_now(queue, None, where, f"not JSON ({exc})")
+                        continue
+                    try:
+                        parse_prompt_row(obj)
+                    except BadRow as exc:
+                        await self._error_now(queue, None, where, str(exc))
+                    continue
+                digest = digest_of[i]
+                try:
+                    _, conv = parse_prompt_row(json.loads(raw))
+                except (ValueError, UnicodeDecodeError) as exc:  # BadRow is a ValueError
+                    await self._error_now(queue, rid, where, str(exc))
+                    continue
+                await sem.acquire()
+                if self._stopping:
+                    sem.release()
+                    return
+                # Checked after the wait: an earlier line with the same id may have finished meanwhile.
+                if digest in self._inflight or digest in self.store.index:
+                    sem.release()
+                    self.stats.duplicates += 1
+                    self._tick()
+                    log.warning("duplicate id in the input; generated once", extra=kv(id=rid, at=where))
+                    continue
+                self._inflight.add(digest)
+                task = asyncio.create_task(self._process(session, rid, digest, conv, queue, sem))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+        for path in files:
+            name = str(path)
+            for item in iter_lines(path):
+                batch.append(item)
+                if len(batch) >= 1024:
+                    await flush(name)
+                    batch.clear()
+                    if self._stopping:
+                        return
+                    await asyncio.sleep(0)  # let the writer, the status file and signals run
+            if batch:
+                await flush(name)
+                batch.clear()
+
+    async def _count_total(self, files: list[Path]) -> None:
+        def count() -> int:
+            return sum(count_lines(p) for p in files)
+
+        try:
+            self.total = await asyncio.to_thread(count)
+        except OSError:
+            return
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
+    # ------------------------------------------------------------------ main loop
+
+    def _on_signal(self, signum: int) -> None:
+        self._interrupted = signum
+        if not self._stopping:
+            self._stopping = True
+            log.warning(
+                "stopping: no new prompts; waiting for requests in flight (signal again to abort them)",
+                extra=kv(in_flight=len(self._inflight)),
+            )
+            return
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def run(self) -> int:
+        files = resolve_inputs(self.s.inputs)
+        report = self.store.open()
+        try:
+            if report.recovered_lines or report.truncated_bytes or report.ledger_dropped:
+                log.info(
+                    "recovered after an interrupted run",
+                    extra=kv(**{k: v for k, v in report.as_dict().items() if v}),
+                )
+            self.check_config()
+            errors_path = self.s.output_dir / "errors.jsonl"
+            if errors_path.exists():
+                # this run retries those prompts; keep the last run's reasons next to it for reference
+                os.replace(errors_path, self.s.output_dir / "errors.previous.jsonl")
+            errors_fd = os.open(errors_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._state = "running"
+            self._bar = make_progress(self.s.progress, None, "generate")
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+            counter = asyncio.create_task(self._count_total(files))
+            queue: asyncio.Queue = asyncio.Queue()
+            total_limit = self.s.concurrency * len(self.pool.endpoints)
+            # Records waiting out a backoff hold no endpoint slot, so allow twice as many records in flight
+            # as slots to keep every endpoint busy; memory stays bounded by this number.
+            sem = asyncio.Semaphore(2 * total_limit)
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=75)
+            writer = asyncio.create_task(self._writer(queue, errors_fd))
+            self.status.maybe_write(self._status_doc, force=True)
+            try:
+                async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
+                    await self._feed(session, files, queue, sem)
+                    while self._tasks:
+                        await asyncio.wait(list(self._tasks), timeout=1.0)
+                        if self.pool.fatal is not None:
+                            # requests still hanging on a dead server would only delay the exit
+                            for task in list(self._tasks):
+                                task.cancel()
+            finally:
+                await queue.put(None)
+                await writer
+                counter.cancel()
+                os.close(errors_fd)
+                self.pool.close()
+        finally:
+            self.store.close()
+        st = self.stats
+        if self.pool.fatal is not None:
+            self._state, code = "endpoints_down", EXIT_UNAVAILABLE
+            log.error(str(self.pool.fatal) + "; unfinished prompts will be retried by the next run")
+        elif self._interrupted:
+            self._state, code = (
+                "interrupted",
+                (EXIT_INTERRUPTED if self._interrupted == signal.SIGINT else 143),
+            )
+        elif st.failed:
+            self._state, code = "failed", EXIT_FAILED_RECORDS
+        else:
+            self._state, code = "done", EXIT_OK
+        if self._bar is not None:
+            self._refresh_bar()
+            self._bar.close()
+        doc = self._status_doc(exit_code=code)
+        if self.s.status_file is not None:
+            atomic_write_json(self.s.status_file, doc)
+        print(doc["line"], flush=True)
+        if st.failed:
+            print(
+                f"generate: {st.failed} prompt(s) failed; reasons in {self.s.output_dir / 'errors.jsonl'}; "
+                "run again to retry them",
+                file=sys.stderr,
+            )
+        return code
+
+
+def dry_run(s: Settings) -> dict[str, Any]:
+    """What a run would do, without writing anything: pending/done counts and whether settings match."""
+    try:
+        files = resolve_inputs(s.inputs)
+    except JobError as exc:
+        # check mode before the prompts stage ran: report, do not fail; a real run fails with this reason
+        return {
+            "total": None,
+            "pending": None,
+            "done": None,
+            "complete": False,
+            "config_matches": True,
+            "input_error": str(exc),
+            "output_dir": str(s.output_dir),
+        }
+    store = ShardStore(s.output_dir, read_only=True)
+    store.open()
+    total = pending = done = unreadable = duplicates = 0
+    pending_ids: set[bytes] = set()
+    batch: list[bytes] = []
+
+    def flush() -> None:
+        nonlocal pending, done, duplicates
+        for d, known in zip(batch, store.index.contains_many(batch), strict=True):
+            if known:
+                done += 1
+            elif d in pending_ids:
+                duplicates += 1
+            else:
+                pending_ids.add(d)
+                pending += 1
+        batch.clear()
+
+    for path in files:
+        for _, raw in iter_lines(path):
+            total += 1
+            rid = line_id(raw)
+            if rid is None:
+                unreadable += 1
+                continue
+            batch.append(id_digest(rid))
+            if len(batch) >= 4096:
+                flush()
+    flush()
+    run_json = s.output_dir / "run.json"
+    previous = None
+    if run_json.is_file():
+        with contextlib.suppress(ValueError):
+            previous = json.loads(run_json.read_text()).get("provenance")
+    return {
+        "total": total,
+        "pending": pending,
+        "done": done,
+        "unreadable": unreadable,
+        "duplicates": duplicates,
+        "complete": pending == 0 and unreadable == 0,
+        "config_matches": previous is None or previous == s.provenance(),
+        "output_dir": str(s.output_dir),
+    }
