@@ -37,6 +37,7 @@ from .. import __version__
 from ._common import (
     EXIT_FAILED_RECORDS,
     EXIT_OK,
+    EXIT_USAGE,
     JobError,
     StatusFile,
     add_logging_arguments,
@@ -56,6 +57,7 @@ log = logging.getLogger("regen.jobs.evaluate")
 # Bumped when what the harness measures changes, so old reports are not mistaken for current ones.
 METHOD = "dflash-greedy-chain/1"
 DRAFTER_CHOICES = ("trained", "untrained", "oracle")
+__all__ = ["EXIT_FAILED_RECORDS", "EXIT_OK", "EXIT_USAGE", "JobError", "main", "run_main"]
 FULL_HASH_LIMIT = 1 << 30  # model files above this are identified by name and size, not content
 
 
@@ -232,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..evaluate.report import build_report, draw_plots, headline, render_markdown
 
     try:
-        checkpoint_info = ref.checkpoint_summary(args.checkpoint)
         ref.drafter_config(args.checkpoint)
+        checkpoint_info = ref.checkpoint_summary(args.checkpoint)
     except (OSError, ValueError, ref.EvaluationError) as exc:
         raise JobError(str(exc)) from exc
     if not (args.target_model / "config.json").is_file():
