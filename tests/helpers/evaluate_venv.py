@@ -33,13 +33,26 @@ def evaluate_python() -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(VENV)], check=True)
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     Path(purelib, "regen-base.pth").write_text(base + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-         "--disable-pip-version-check", "--no-deps", *PINS],
-        check=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            *PINS,
+        ],
+        check=True,
+        timeout=600,
     )
     marker.write_text(want)
     return python

@@ -16,7 +16,9 @@ import pytest
 
 from tests.helpers.evaluate_venv import DRAFTER_SNIPPET, run_python
 
-DRIVER = DRAFTER_SNIPPET + r"""
+DRIVER = (
+    DRAFTER_SNIPPET
+    + r"""
 import sys, torch
 from regen.evaluate import reference as ref
 
@@ -78,6 +80,7 @@ except ref.EvaluationError as exc:
 out["block_size"] = bs
 print(json.dumps(out))
 """
+)
 
 
 @pytest.fixture(scope="module")

@@ -46,18 +46,26 @@ def test_speedup_pairs_each_prompt_with_its_plain_run() -> None:
 
 def _row(drafter: str, pid: str, accepted: list[int], category: str | None = None, lossless: bool = True):
     return {
-        "drafter": drafter, "prompt_id": pid, "category": category, "accepted": accepted,
-        "tokens": sum(a + 1 for a in accepted), "seconds": len(accepted) * 0.1,
-        "plain_tokens": sum(a + 1 for a in accepted), "plain_seconds": sum(a + 1 for a in accepted) * 0.1,
+        "drafter": drafter,
+        "prompt_id": pid,
+        "category": category,
+        "accepted": accepted,
+        "tokens": sum(a + 1 for a in accepted),
+        "seconds": len(accepted) * 0.1,
+        "plain_tokens": sum(a + 1 for a in accepted),
+        "plain_seconds": sum(a + 1 for a in accepted) * 0.1,
         "lossless": lossless,
     }
 
 
 def test_report_has_the_keys_the_issue_names(tmp_path: Path) -> None:
     rows = [
-        _row("trained", "a", [2, 3], "code"), _row("trained", "b", [1, 0], "chat"),
-        _row("untrained", "a", [0, 0, 0]), _row("untrained", "b", [0, 0]),
-        _row("oracle", "a", [3]), _row("oracle", "b", [3]),
+        _row("trained", "a", [2, 3], "code"),
+        _row("trained", "b", [1, 0], "chat"),
+        _row("untrained", "a", [0, 0, 0]),
+        _row("untrained", "b", [0, 0]),
+        _row("oracle", "a", [3]),
+        _row("oracle", "b", [3]),
     ]
     doc = report.build_report(rows, block_size=4, settings={"dtype": "float32"}, inputs={})
     for name in ("trained", "untrained", "oracle"):
@@ -87,7 +95,10 @@ def test_plots_are_drawn_and_identical_on_redraw(tmp_path: Path) -> None:
     rows = [_row("trained", "a", [2, 3], "code"), _row("oracle", "a", [3], "code")]
     doc = report.build_report(rows, block_size=4, settings={}, inputs={})
     files, note = report.draw_plots(doc, tmp_path)
-    assert note is None and {f.name for f in files} == {"acceptance_by_position.png", "speedup_by_category.png"}
+    assert note is None and {f.name for f in files} == {
+        "acceptance_by_position.png",
+        "speedup_by_category.png",
+    }
     first = [f.read_bytes() for f in files]
     assert first[0][:8] == b"\x89PNG\r\n\x1a\n"
     report.draw_plots(doc, tmp_path)
@@ -96,17 +107,29 @@ def test_plots_are_drawn_and_identical_on_redraw(tmp_path: Path) -> None:
 
 def test_prompts_are_the_first_user_turn_and_a_stable_selection(tmp_path: Path) -> None:
     rows = [
-        {"id": f"p{i}", "category": "math",
-         "conversations": [{"role": "system", "content": "s"}, {"role": "user", "content": f"q{i}"},
-                           {"role": "assistant", "content": "a"}, {"role": "user", "content": "again"}]}
+        {
+            "id": f"p{i}",
+            "category": "math",
+            "conversations": [
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": f"q{i}"},
+                {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "again"},
+            ],
+        }
         for i in range(10)
     ]
     (tmp_path / "prompts-x-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
-    (tmp_path / "prompts-x-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[5:]) + "not json\n")
+    (tmp_path / "prompts-x-00001.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows[5:]) + "not json\n"
+    )
     (tmp_path / "rejects.jsonl").write_text('{"id": "bad"}\n')
     picked = job.load_prompts(tmp_path, 4, seed=0)
     assert len(picked) == 4
-    assert picked[0]["turns"] == [{"role": "system", "content": "s"}, {"role": "user", "content": picked[0]["turns"][1]["content"]}]
+    assert picked[0]["turns"] == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": picked[0]["turns"][1]["content"]},
+    ]
     assert picked[0]["category"] == "math"
     # The same set from one file holding the rows in reverse order.
     single = tmp_path / "one.jsonl"
@@ -118,16 +141,40 @@ def test_prompts_are_the_first_user_turn_and_a_stable_selection(tmp_path: Path) 
 def test_no_prompts_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(job.JobError, match="no prompts at"):
         job.load_prompts(tmp_path / "missing", 4, seed=0)
-    (tmp_path / "p.jsonl").write_text('{"id": "a", "conversations": [{"role": "assistant", "content": "x"}]}\n')
+    (tmp_path / "p.jsonl").write_text(
+        '{"id": "a", "conversations": [{"role": "assistant", "content": "x"}]}\n'
+    )
     with pytest.raises(job.JobError, match="no usable prompt"):
         job.load_prompts(tmp_path / "p.jsonl", 4, seed=0)
 
 
 def test_a_missing_checkpoint_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "p.jsonl").write_text('{"id": "a", "conversations": [{"role": "user", "content": "x"}]}\n')
-    rc = job.run_main(job.main, [
-        "--target-model", str(tmp_path), "--checkpoint", str(tmp_path / "nope"),
-        "--prompts", str(tmp_path / "p.jsonl"), "--output-dir", str(tmp_path / "out"),
-    ])
+    rc = job.run_main(
+        job.main,
+        [
+            "--target-model",
+            str(tmp_path),
+            "--checkpoint",
+            str(tmp_path / "nope"),
+            "--prompts",
+            str(tmp_path / "p.jsonl"),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+    )
     assert rc == job.EXIT_USAGE
     assert "has no config.json" in capsys.readouterr().err
+
+
+def test_the_run_summary_shows_the_evaluation_headline(tmp_path: Path) -> None:
+    from regen import summary
+
+    rows = [_row("trained", "a", [2, 3]), _row("untrained", "a", [0, 0]), _row("oracle", "a", [3])]
+    doc = report.build_report(rows, block_size=4, settings={}, inputs={})
+    (tmp_path / "evaluate").mkdir()
+    (tmp_path / "evaluate" / "report.json").write_text(json.dumps(doc))
+    text = summary.render(summary.collect(tmp_path), tmp_path)
+    assert "evaluate  acceptance length trained 3.50" in text and "oracle 4.00" in text
+    (tmp_path / "evaluate" / "report.json").write_text('{"drafters": 3}')
+    assert "evaluate  record unreadable" in summary.render(summary.collect(tmp_path), tmp_path)

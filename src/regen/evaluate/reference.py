@@ -48,7 +48,7 @@ class EvaluationError(Exception):
 
 
 class Target:
-    """A causal LM from transformers with the three things DFlash needs: embeddings, LM head, hidden states."""
+    """A causal LM from transformers with what DFlash needs: embeddings, LM head, hidden states."""
 
     def __init__(self, model: Any):
         self.model = model.eval()
@@ -113,7 +113,7 @@ def crop_cache(cache: Any, length: int) -> None:
 
 
 def context_features(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:
-    """SpecForge's `extract_context_feature`: layer L's output is hidden_states[L + 1] (0 is the embedding)."""
+    """SpecForge's `extract_context_feature`: layer L's output is hidden_states[L + 1] (0: embeddings)."""
     return torch.cat([hidden_states[layer + 1] for layer in layer_ids], dim=-1)
 
 
@@ -217,7 +217,8 @@ def _drafter_class(config: Any) -> type:
     arch = (getattr(config, "architectures", None) or ["DFlashDraftModel"])[0]
     if arch not in DRAFT_REGISTRY:
         raise EvaluationError(
-            f"drafter architecture {arch!r} is not one SpecForge registers ({', '.join(sorted(DRAFT_REGISTRY))})"
+            f"drafter architecture {arch!r} is not one SpecForge registers: "
+            f"{', '.join(sorted(DRAFT_REGISTRY))}"
         )
     return DRAFT_REGISTRY[arch]
 
@@ -327,9 +328,7 @@ def greedy_decode(
         if len(out) >= max_new or token in stop_ids:
             break
         pos = len(prompt) + len(out) - 1
-        logits = target.forward(
-            torch.tensor([[token]]), torch.tensor([[pos]]), cache, hidden=False
-        ).logits
+        logits = target.forward(torch.tensor([[token]]), torch.tensor([[pos]]), cache, hidden=False).logits
     return Decoded(tokens=out, seconds=time.perf_counter() - began)
 
 
@@ -350,10 +349,8 @@ def speculative_decode(
     n = len(prompt)
     proposer.reset()
     cache = target.new_cache()
-    prefill = target.forward(
-        torch.tensor([list(prompt)]), torch.arange(n).unsqueeze(0), cache, hidden=True
-    )
-    committed = list(prompt) + [int(prefill.logits[0, -1].argmax())]
+    prefill = target.forward(torch.tensor([list(prompt)]), torch.arange(n).unsqueeze(0), cache, hidden=True)
+    committed = [*prompt, int(prefill.logits[0, -1].argmax())]
     context = context_features(prefill.hidden_states, layer_ids)  # features of positions 0 .. n-1
     accepted_per_step: list[int] = []
     start = n  # position of the last committed token, the block's first slot
@@ -366,7 +363,7 @@ def speculative_decode(
         posterior = verify.logits[0].argmax(dim=-1)  # the target's greedy token after each block slot
         matches = (block[0, 1:] == posterior[:-1]).long()
         accepted = int(matches.cumprod(dim=0).sum())
-        committed += block[0, 1 : accepted + 1].tolist() + [int(posterior[accepted])]
+        committed += [*block[0, 1 : accepted + 1].tolist(), int(posterior[accepted])]
         accepted_per_step.append(accepted)
         start += accepted + 1
         crop_cache(cache, start)

@@ -49,7 +49,9 @@ def build_report(
         "block_size": block_size,
         "drafters": drafters,
         "lossless": bool(results) and all(r["lossless"] for r in results),
-        "plain_tokens_per_s": _round(throughput([(r["plain_tokens"], r["plain_seconds"]) for r in plain_rows])),
+        "plain_tokens_per_s": _round(
+            throughput([(r["plain_tokens"], r["plain_seconds"]) for r in plain_rows])
+        ),
         "speedup": trained["speedup"] if trained else None,
         "tree": {"measured": False, "reason": TREE_NOT_MEASURED},
         "settings": settings,
@@ -124,15 +126,26 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
             f"| {name} | {_fmt(d.get('acceptance_length'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] | {d.get('steps')} "
             f"| {_fmt(d.get('tokens_per_s'))} | {_fmt(sp.get('value'))} | {'yes' if d.get('lossless') else 'NO'} |"
         )
-    lines += ["", f"Plain greedy decoding of the same target: {_fmt(report.get('plain_tokens_per_s'))} tokens/s.", ""]
+    lines += [
+        "",
+        f"Plain greedy decoding of the same target: {_fmt(report.get('plain_tokens_per_s'))} tokens/s.",
+        "",
+    ]
     lines += ["## Acceptance by position", "", "Share of steps whose k-th draft token was accepted.", ""]
     header = "| drafter | " + " | ".join(str(k) for k in range(1, int(report.get("block_size") or 1))) + " |"
     lines += [header, "|---" * (int(report.get("block_size") or 1)) + "|"]
     for name, d in (report.get("drafters") or {}).items():
-        lines.append(f"| {name} | " + " | ".join(_fmt(x) for x in d.get("acceptance_by_position") or []) + " |")
+        lines.append(
+            f"| {name} | " + " | ".join(_fmt(x) for x in d.get("acceptance_by_position") or []) + " |"
+        )
     cats = ((report.get("drafters") or {}).get("trained") or {}).get("categories") or {}
     if cats:
-        lines += ["", "## Trained drafter per category", "", "| category | acceptance length | 95% interval | speedup |"]
+        lines += [
+            "",
+            "## Trained drafter per category",
+            "",
+            "| category | acceptance length | 95% interval | speedup |",
+        ]
         lines.append("|---|---|---|---|")
         for name, c in cats.items():
             ci = c.get("acceptance_length_ci95") or [None, None]
@@ -170,7 +183,9 @@ def draw_plots(report: dict[str, Any], output_dir: Path) -> tuple[list[Path], st
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, d in drafters.items():
         ys = d.get("acceptance_by_position") or []
-        ax.plot(range(1, len(ys) + 1), [y if y is not None else float("nan") for y in ys], marker="o", label=name)
+        ax.plot(
+            range(1, len(ys) + 1), [y if y is not None else float("nan") for y in ys], marker="o", label=name
+        )
     ax.set_xlabel("position in block")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.05)

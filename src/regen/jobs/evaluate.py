@@ -71,7 +71,9 @@ def prompt_files(path: Path) -> list[Path]:
         return [path]
     if path.is_dir():
         files = sorted(
-            p for p in path.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")) and p.name != "rejects.jsonl"
+            p
+            for p in path.iterdir()
+            if p.name.endswith((".jsonl", ".jsonl.gz")) and p.name != "rejects.jsonl"
         )
         if files:
             return files
@@ -107,9 +109,15 @@ def load_prompts(path: Path, limit: int, seed: int) -> list[dict[str, Any]]:
     for file in prompt_files(path):
         for lineno, raw in iter_lines(file):
             row, err = decode_json_line(raw)
-            turns = first_user_turn(row.get("conversations") or row.get("messages")) if isinstance(row, dict) else None
+            turns = (
+                first_user_turn(row.get("conversations") or row.get("messages"))
+                if isinstance(row, dict)
+                else None
+            )
             if err or turns is None:
-                log.warning("prompt skipped", extra=kv(file=str(file), line=lineno, reason=err or "no user turn"))
+                log.warning(
+                    "prompt skipped", extra=kv(file=str(file), line=lineno, reason=err or "no user turn")
+                )
                 continue
             pid = str(row.get("id") or hashlib.sha256(canonical_json(turns)).hexdigest()[:16])
             category = row.get("category") or (row.get("metadata") or {}).get("category")
@@ -176,13 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Acceptance length and speedup of a DFlash drafter (CPU reference, greedy).",
     )
     p.add_argument("--target-model", type=Path, required=True, help="the target model directory")
-    p.add_argument("--checkpoint", type=Path, required=True, help="exported drafter (config.json + safetensors)")
+    p.add_argument(
+        "--checkpoint", type=Path, required=True, help="exported drafter (config.json + safetensors)"
+    )
     p.add_argument("--prompts", type=Path, required=True, help="JSONL file or directory of *.jsonl shards")
     p.add_argument("--output-dir", type=Path, required=True)
     p.add_argument("--max-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--prompt-max-tokens", type=int, default=256, help="longer prompts keep their last tokens")
-    p.add_argument("--drafters", default=",".join(DRAFTER_CHOICES), help="comma list of trained,untrained,oracle")
+    p.add_argument(
+        "--drafters", default=",".join(DRAFTER_CHOICES), help="comma list of trained,untrained,oracle"
+    )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--seed", type=int, default=0, help="prompt selection and the untrained drafter's init")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -239,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, ref.EvaluationError) as exc:
         raise JobError(str(exc)) from exc
     if not (args.target_model / "config.json").is_file():
-        raise JobError(f"{args.target_model} has no config.json: pass the target model directory (--target-model)")
+        raise JobError(
+            f"{args.target_model} has no config.json: pass the target model directory (--target-model)"
+        )
     prompts = load_prompts(args.prompts, args.max_prompts, args.seed)
     settings = {
         "method": METHOD,
@@ -266,8 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     old = _load_json(report_path)
     if old and old.get("inputs_digest") == digest and not args.force:
         log.info("report up to date", extra=kv(report=str(report_path)))
-        print(json.dumps({"changed": False, "report": str(report_path), "headline": headline(old),
-                          "lossless": old.get("lossless")}))
+        print(
+            json.dumps(
+                {
+                    "changed": False,
+                    "report": str(report_path),
+                    "headline": headline(old),
+                    "lossless": old.get("lossless"),
+                }
+            )
+        )
         return EXIT_OK if old.get("lossless") else EXIT_FAILED_RECORDS
 
     import torch
@@ -286,15 +308,22 @@ def main(argv: list[str] | None = None) -> int:
     if "trained" in drafters:
         proposers["trained"] = ref.DFlashProposer(trained, target)
     if "untrained" in drafters:
-        proposers["untrained"] = ref.DFlashProposer(ref.fresh_drafter(args.checkpoint, args.seed, args.dtype), target)
+        proposers["untrained"] = ref.DFlashProposer(
+            ref.fresh_drafter(args.checkpoint, args.seed, args.dtype), target
+        )
 
     results = Results(out / "results.jsonl", digest)
     total = len(prompts) * len(drafters)
     began = time.monotonic()
 
     def progress(state: str) -> dict[str, Any]:
-        return {"state": state, "done": len(results.rows), "total": total, "elapsed_s": round(time.monotonic() - began, 1),
-                "line": f"{state} | {len(results.rows)}/{total} drafter-prompt runs"}
+        return {
+            "state": state,
+            "done": len(results.rows),
+            "total": total,
+            "elapsed_s": round(time.monotonic() - began, 1),
+            "line": f"{state} | {len(results.rows)}/{total} drafter-prompt runs",
+        }
 
     # One untimed decode first: the first forwards pay one-off costs (allocations, kernel selection).
     ref.greedy_decode(target, _tokenize(tokenizer, prompts[0]["turns"], args.prompt_max_tokens), 4, stops)
@@ -313,20 +342,46 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 proposer = proposers[name]
             spec = ref.speculative_decode(
-                target, proposer, ids, block_size=block, mask_token_id=mask, layer_ids=layers,
-                max_new=args.max_new_tokens, stop_ids=stops,
+                target,
+                proposer,
+                ids,
+                block_size=block,
+                mask_token_id=mask,
+                layer_ids=layers,
+                max_new=args.max_new_tokens,
+                stop_ids=stops,
             )
             lossless = spec.tokens == plain.tokens
             if not lossless:
-                log.error("speculative output differs from greedy decoding",
-                          extra=kv(drafter=name, prompt=prompt["id"], first_diff=_first_diff(spec.tokens, plain.tokens)))
-            results.add({
-                "drafter": name, "prompt_id": prompt["id"], "category": prompt["category"],
-                "accepted": spec.accepted, "tokens": len(spec.tokens), "seconds": round(spec.seconds, 6),
-                "plain_tokens": len(plain.tokens), "plain_seconds": round(plain.seconds, 6), "lossless": lossless,
-            })
-            log.info("evaluated", extra=kv(drafter=name, prompt=prompt["id"], steps=spec.steps,
-                                           tokens=len(spec.tokens), lossless=lossless))
+                log.error(
+                    "speculative output differs from greedy decoding",
+                    extra=kv(
+                        drafter=name, prompt=prompt["id"], first_diff=_first_diff(spec.tokens, plain.tokens)
+                    ),
+                )
+            results.add(
+                {
+                    "drafter": name,
+                    "prompt_id": prompt["id"],
+                    "category": prompt["category"],
+                    "accepted": spec.accepted,
+                    "tokens": len(spec.tokens),
+                    "seconds": round(spec.seconds, 6),
+                    "plain_tokens": len(plain.tokens),
+                    "plain_seconds": round(plain.seconds, 6),
+                    "lossless": lossless,
+                }
+            )
+            log.info(
+                "evaluated",
+                extra=kv(
+                    drafter=name,
+                    prompt=prompt["id"],
+                    steps=spec.steps,
+                    tokens=len(spec.tokens),
+                    lossless=lossless,
+                ),
+            )
             status.maybe_write(lambda: progress("running"))
 
     rows = [results.rows[(name, p["id"])] for p in prompts for name in drafters]
@@ -339,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     status.maybe_write(lambda: progress("succeeded"), force=True, durable=True)
     line = headline(report)
     log.info(line)
-    print(json.dumps({"changed": True, "report": str(report_path), "headline": line, "lossless": report["lossless"]}))
+    print(
+        json.dumps(
+            {"changed": True, "report": str(report_path), "headline": line, "lossless": report["lossless"]}
+        )
+    )
     return EXIT_OK if report["lossless"] else EXIT_FAILED_RECORDS
 
 
