@@ -79,7 +79,9 @@ def make_drafter(model_dir, out_dir, seed=1, num_draft_layers=1, mask_token_id=3
     text = target.get("text_config", target)
     facts = {"architecture": {"hidden_size": text["hidden_size"], "num_layers": text["num_hidden_layers"],
                               "vocab_size": text["vocab_size"]}}
-    cfg, _, _ = regen_drafter.draft_config(facts, target, num_draft_layers=num_draft_layers, mask_token_id=mask_token_id)
+    cfg, _, _ = regen_drafter.draft_config(
+        facts, target, num_draft_layers=num_draft_layers, mask_token_id=mask_token_id
+    )
     torch.manual_seed(seed)
     DFlashDraftModel(Qwen3Config(**cfg)).save_pretrained(out_dir)
     return cfg

@@ -61,8 +61,9 @@ for prompt in prompts:
 # A stop token ends both decodes at the same place.
 stop = ref.greedy_decode(target, prompts[0], MAX_NEW).tokens[5]
 plain = ref.greedy_decode(target, prompts[0], MAX_NEW, [stop])
-spec = ref.speculative_decode(target, ref.OracleProposer(prompts[0] + ref.greedy_decode(target, prompts[0], MAX_NEW + bs).tokens, bs),
-                              prompts[0], block_size=bs, mask_token_id=mask, layer_ids=layers, max_new=MAX_NEW, stop_ids=[stop])
+oracle = ref.OracleProposer(prompts[0] + ref.greedy_decode(target, prompts[0], MAX_NEW + bs).tokens, bs)
+spec = ref.speculative_decode(target, oracle, prompts[0], block_size=bs, mask_token_id=mask,
+                              layer_ids=layers, max_new=MAX_NEW, stop_ids=[stop])
 out["stop"] = [plain.tokens, spec.tokens]
 
 # Weights that do not fit the config are refused, not silently re-initialised.

@@ -122,10 +122,16 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
     for name, d in (report.get("drafters") or {}).items():
         ci = d.get("acceptance_length_ci95") or [None, None]
         sp = d.get("speedup") or {}
-        lines.append(
-            f"| {name} | {_fmt(d.get('acceptance_length'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] | {d.get('steps')} "
-            f"| {_fmt(d.get('tokens_per_s'))} | {_fmt(sp.get('value'))} | {'yes' if d.get('lossless') else 'NO'} |"
-        )
+        cells = [
+            name,
+            _fmt(d.get("acceptance_length")),
+            f"[{_fmt(ci[0])}, {_fmt(ci[1])}]",
+            str(d.get("steps")),
+            _fmt(d.get("tokens_per_s")),
+            _fmt(sp.get("value")),
+            "yes" if d.get("lossless") else "NO",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         f"Plain greedy decoding of the same target: {_fmt(report.get('plain_tokens_per_s'))} tokens/s.",
