@@ -123,3 +123,55 @@ def test_playbook_without_an_export_says_what_to_do(tmp_path: Path, demo_model_d
     run = run_playbook("playbooks/evaluate.yml", inventory=inventory, timeout=300)
     assert run.returncode != 0
     assert "run the train stage first" in run.output and "evaluate_checkpoint" in run.output
+
+
+def test_playbook_evaluates_the_prompts_stage_held_out_split(
+    work: Path, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    from regen.jobs import prompts as P
+
+    prompts_dir = tmp_path / "work" / "prompts"
+    assert (
+        P.main(
+            [
+                "--source",
+                str(work / "prompts.jsonl"),
+                "--output-dir",
+                str(prompts_dir),
+                "--eval-fraction",
+                "0.5",
+            ]
+        )
+        == 0
+    )
+    held = sorted(
+        json.loads(line)["id"]
+        for f in (prompts_dir / "eval").glob("*.jsonl")
+        for line in f.read_text().splitlines()
+    )
+    assert held, "the seeded split held nothing out of 4 prompts; pick another fraction"
+    inventory = localhost_inventory(
+        tmp_path / "inventory.yml",
+        groups=("regen_train",),
+        variables={
+            "regen_root": str(ROOT),
+            "regen_work_dir": str(tmp_path / "work"),
+            "regen_artifacts_dir": str(tmp_path / "artifacts"),
+            "regen_model_path": str(demo_model_dir),
+            "regen_training_venv": str(VENV),
+            "drafter_evaluation_max_prompts": 2,
+            "drafter_evaluation_max_new_tokens": 4,
+            "drafter_evaluation_drafters": ["oracle"],
+        },
+    )
+    run = run_playbook(
+        "playbooks/evaluate.yml",
+        inventory=inventory,
+        extra_vars={"evaluate_checkpoint": str(work / "drafter-a")},
+        timeout=900,
+    )
+    assert run.returncode == 0, run.output[-6000:]
+    assert "the held-out split" in run.output
+    report = json.loads((tmp_path / "artifacts" / "evaluate" / "report.json").read_text())
+    assert report["settings"]["prompts_source"].endswith("/eval")
+    assert set(report["inputs"]["prompt_ids"]) <= set(held)
