@@ -54,9 +54,12 @@ for prompt in prompts:
                            ("oracle", ref.OracleProposer(cont, bs)),
                            ("wrong_at_3", WrongAtSlot(cont, 3))):
         spec = ref.speculative_decode(target, proposer, prompt, block_size=bs, mask_token_id=mask,
-                                      layer_ids=layers, max_new=MAX_NEW)
+                                      layer_ids=layers, max_new=MAX_NEW, tree_budgets=(1, 4, 64),
+                                      continuation=cont)
         out["lossless"].append([name, spec.tokens == plain.tokens, len(spec.tokens)])
         out[name].append(spec.accepted)
+        tree = {str(k): v for k, v in spec.tree_accepted.items()}
+        out.setdefault("tree", []).append([name, spec.accepted, tree])
 
 # A stop token ends both decodes at the same place.
 stop = ref.greedy_decode(target, prompts[0], MAX_NEW).tokens[5]
@@ -126,3 +129,14 @@ def test_a_stop_token_ends_speculative_and_plain_decoding_alike(decoded: dict) -
 
 def test_weights_that_do_not_fit_the_config_are_refused(decoded: dict) -> None:
     assert decoded["broken"] and "do not fit its config.json" in decoded["broken"]
+
+
+def test_tree_scores_agree_with_the_chain_verification(decoded: dict) -> None:
+    # Only the DFlash drafter has per-slot distributions; a one-node tree is its first argmax draft,
+    # which the chain's verification accepted exactly when the chain accepted at least one token.
+    rows = [row for row in decoded["tree"] if row[0] == "untrained"]
+    assert rows and all(not tree for name, _, tree in decoded["tree"] if name != "untrained")
+    for _, chain, tree in rows:
+        assert tree["1"] == [min(a, 1) for a in chain]
+        assert all(d <= 4 for d in tree["4"]) and len(tree["64"]) == len(chain)
+        assert all(a <= b for a, b in zip(tree["4"], tree["64"], strict=True))

@@ -143,6 +143,7 @@ class DFlashProposer:
         self.layer_ids = [int(x) for x in drafter.target_layer_ids]
         self.mask_token_id = drafter.mask_token_id
         self.cache: Any = None
+        self.last_logits: torch.Tensor | None = None  # [block_size - 1, vocab] of the last proposal
 
     def reset(self) -> None:
         from transformers import DynamicCache
@@ -163,6 +164,7 @@ class DFlashProposer:
         # The cache keeps the committed context only; the block's keys are recomputed next step.
         crop_cache(self.cache, start)
         logits = self.target.lm_head(hidden[:, -self.block_size + 1 :, :])
+        self.last_logits = logits[0]
         return logits.argmax(dim=-1)[0]
 
 
@@ -297,6 +299,8 @@ class Decoded:
     tokens: list[int]  # generated tokens only (the prompt excluded), cut after the first stop token
     seconds: float
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verification step
+    # Per tree budget: the draft tokens a DDTree of that budget would have had accepted at each step.
+    tree_accepted: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -343,8 +347,18 @@ def speculative_decode(
     layer_ids: Sequence[int],
     max_new: int,
     stop_ids: Sequence[int] = (),
+    tree_budgets: Sequence[int] = (),
+    continuation: Sequence[int] | None = None,
 ) -> Decoded:
-    """DFlash speculative decoding with greedy verification (one step per target forward after prefill)."""
+    """DFlash speculative decoding with greedy verification (one step per target forward after prefill).
+
+    With `tree_budgets` (and `continuation`: prompt + the target's greedy tokens, a block longer than the
+    output), every step also scores the drafter's per-slot distributions as DDTrees of those node budgets
+    and records what greedy verification of each tree would have accepted in the same state.
+    """
+    from .tree import accepted_depth, build_tree
+
+    topk = max(tree_budgets, default=0)
     began = time.perf_counter()
     n = len(prompt)
     proposer.reset()
@@ -353,11 +367,22 @@ def speculative_decode(
     committed = [*prompt, int(prefill.logits[0, -1].argmax())]
     context = context_features(prefill.hidden_states, layer_ids)  # features of positions 0 .. n-1
     accepted_per_step: list[int] = []
+    tree_accepted: dict[int, list[int]] = {}
     start = n  # position of the last committed token, the block's first slot
     while len(committed) - n < max_new and not any(t in stop_ids for t in committed[n:]):
         block = torch.full((1, block_size), mask_token_id, dtype=torch.long)
         block[0, 0] = committed[start]
         block[0, 1:] = proposer.propose(block, context, start)
+        logits = getattr(proposer, "last_logits", None)
+        if topk and logits is not None and continuation is not None:
+            probs, ids = logits.float().softmax(dim=-1).topk(min(topk, logits.shape[-1]), dim=-1)
+            candidates = [
+                list(zip(i.tolist(), p.tolist(), strict=True)) for i, p in zip(ids, probs, strict=True)
+            ]
+            truth = list(continuation[start + 1 : start + block_size])
+            for budget in tree_budgets:
+                depth = accepted_depth(build_tree(candidates, budget), truth)
+                tree_accepted.setdefault(budget, []).append(depth)
         positions = torch.arange(start, start + block_size).unsqueeze(0)
         verify = target.forward(block, positions, cache, hidden=True)
         posterior = verify.logits[0].argmax(dim=-1)  # the target's greedy token after each block slot
@@ -372,4 +397,5 @@ def speculative_decode(
         tokens=_cut_at_stop(committed[n:], max_new, stop_ids),
         seconds=time.perf_counter() - began,
         accepted=accepted_per_step,
+        tree_accepted=tree_accepted,
     )

@@ -14,9 +14,12 @@ from typing import Any
 from .stats import bootstrap_ci, speedup_ci, summarize, throughput
 
 DRAFTERS = ("trained", "untrained", "oracle")
-TREE_NOT_MEASURED = (
-    "DDTree tree verification (budgets 4/16/64) is not in the CPU reference yet; the chain figures above "
-    "are what the pinned engine's DFLASH verifies"
+TREE_NOT_MEASURED = "DDTree budgets were not scored in this run (--tree-budgets was empty)"
+TREE_NOTE = (
+    "Per verification step of the chain run, the acceptance length greedy verification of a DDTree of that "
+    "many nodes (the likeliest prefixes of the drafter's per-slot distributions) would have reached in the "
+    "same state. Acceptance only: the CPU reference has no tree-attention verifier, so no tokens/s; the "
+    "pinned engine's DFLASH verifies the chain."
 )
 
 
@@ -53,11 +56,31 @@ def build_report(
             throughput([(r["plain_tokens"], r["plain_seconds"]) for r in plain_rows])
         ),
         "speedup": trained["speedup"] if trained else None,
-        "tree": {"measured": False, "reason": TREE_NOT_MEASURED},
+        "tree": _tree(results, block_size),
         "settings": settings,
         "inputs": inputs,
         "prompts": len({r["prompt_id"] for r in results}),
     }
+
+
+def _tree(results: Sequence[dict[str, Any]], block_size: int) -> dict[str, Any]:
+    budgets = sorted({int(b) for r in results for b in (r.get("tree") or {})})
+    if not budgets:
+        return {"measured": False, "reason": TREE_NOT_MEASURED}
+    per_budget: dict[str, Any] = {}
+    for budget in budgets:
+        entry = {}
+        for name in DRAFTERS:
+            traces = [
+                r["tree"][str(budget)]
+                for r in results
+                if r["drafter"] == name and str(budget) in (r.get("tree") or {})
+            ]
+            if traces:
+                block = summarize(traces, block_size)
+                entry[name] = {k: block[k] for k in ("acceptance_length", "acceptance_length_ci95", "steps")}
+        per_budget[str(budget)] = entry
+    return {"measured": True, "budgets": per_budget, "note": TREE_NOTE}
 
 
 def _speedup(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -159,7 +182,24 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
                 f"| {name} | {_fmt(c.get('acceptance_length'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] "
                 f"| {_fmt((c.get('speedup') or {}).get('value'))} |"
             )
-    lines += ["", "## Tree verification (DDTree)", "", (report.get("tree") or {}).get("reason", ""), ""]
+    lines += ["", "## Tree verification (DDTree)", ""]
+    tree = report.get("tree") or {}
+    if tree.get("measured"):
+        names = sorted({n for entry in tree["budgets"].values() for n in entry}, key=DRAFTERS.index)
+        lines += ["| budget | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        chain = [_fmt(((report.get("drafters") or {}).get(n) or {}).get("acceptance_length")) for n in names]
+        lines.append("| chain | " + " | ".join(chain) + " |")
+        for budget, entry in tree["budgets"].items():
+            cells = []
+            for n in names:
+                ci = (entry.get(n) or {}).get("acceptance_length_ci95") or [None, None]
+                cells.append(
+                    f"{_fmt((entry.get(n) or {}).get('acceptance_length'))} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+                )
+            lines.append(f"| {budget} | " + " | ".join(cells) + " |")
+        lines += ["", tree.get("note", ""), ""]
+    else:
+        lines += [tree.get("reason", ""), ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
     if plot_note:

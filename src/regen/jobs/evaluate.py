@@ -55,7 +55,7 @@ from ._common import (
 log = logging.getLogger("regen.jobs.evaluate")
 
 # Bumped when what the harness measures changes, so old reports are not mistaken for current ones.
-METHOD = "dflash-greedy-chain/1"
+METHOD = "dflash-greedy-chain+ddtree/2"
 DRAFTER_CHOICES = ("trained", "untrained", "oracle")
 __all__ = ["EXIT_FAILED_RECORDS", "EXIT_OK", "EXIT_USAGE", "JobError", "main", "run_main"]
 FULL_HASH_LIMIT = 1 << 30  # model files above this are identified by name and size, not content
@@ -196,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--drafters", default=",".join(DRAFTER_CHOICES), help="comma list of trained,untrained,oracle"
     )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument(
+        "--tree-budgets",
+        default="4,16,64",
+        help="DDTree node budgets scored beside the chain (comma list; empty: none)",
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt selection and the untrained drafter's init")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-trust-remote-code", action="store_true")
@@ -236,6 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     drafters = _drafters(args.drafters)
+    try:
+        budgets = sorted({int(x) for x in args.tree_budgets.split(",") if x.strip()})
+    except ValueError:
+        raise JobError(
+            f"--tree-budgets {args.tree_budgets!r}: a comma list of node counts, e.g. 4,16,64"
+        ) from None
+    if any(b < 1 for b in budgets):
+        raise JobError("--tree-budgets: every budget must be at least 1 node")
     if args.max_prompts < 1 or args.max_new_tokens < 1:
         raise JobError("--max-prompts and --max-new-tokens must be at least 1")
     out = args.output_dir
@@ -263,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_max_tokens": args.prompt_max_tokens,
         "dtype": args.dtype,
         "seed": args.seed,
+        "tree_budgets": budgets,
         "device": "cpu",
         "prompts_source": str(args.prompts),
     }
@@ -332,13 +346,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens)
         plain = ref.greedy_decode(target, ids, args.max_new_tokens, stops)
+        # The target's own continuation, a block longer than the output so the last step is full too: the
+        # oracle's drafts, and the truth a DDTree's paths are checked against.
+        cont = ids + ref.greedy_decode(target, ids, args.max_new_tokens + block, ()).tokens
         for name in drafters:
             if results.has(name, prompt["id"]):
                 continue
             if name == "oracle":
-                # The target's own continuation, a block longer than the output so the last step is full too.
-                cont = ref.greedy_decode(target, ids, args.max_new_tokens + block, ()).tokens
-                proposer: Any = ref.OracleProposer(ids + cont, block)
+                proposer: Any = ref.OracleProposer(cont, block)
             else:
                 proposer = proposers[name]
             spec = ref.speculative_decode(
@@ -350,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 layer_ids=layers,
                 max_new=args.max_new_tokens,
                 stop_ids=stops,
+                tree_budgets=budgets if name != "oracle" else (),
+                continuation=cont,
             )
             lossless = spec.tokens == plain.tokens
             if not lossless:
@@ -370,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                     "plain_tokens": len(plain.tokens),
                     "plain_seconds": round(plain.seconds, 6),
                     "lossless": lossless,
+                    "tree": {str(b): steps for b, steps in spec.tree_accepted.items()},
                 }
             )
             log.info(
