@@ -175,3 +175,21 @@ def test_playbook_evaluates_the_prompts_stage_held_out_split(
     report = json.loads((tmp_path / "artifacts" / "evaluate" / "report.json").read_text())
     assert report["settings"]["prompts_source"].endswith("/eval")
     assert set(report["inputs"]["prompt_ids"]) <= set(held)
+
+
+def test_gpu_profile_does_not_load_the_target_on_the_cpu(tmp_path: Path) -> None:
+    inventory = localhost_inventory(
+        tmp_path / "inventory.yml",
+        groups=("regen_train",),
+        variables={
+            "regen_root": str(ROOT),
+            "regen_work_dir": str(tmp_path / "work"),
+            "regen_artifacts_dir": str(tmp_path / "artifacts"),
+            "regen_model_path": str(tmp_path / "kimi-k2.6"),
+            "regen_profile": "gpu",
+        },
+    )
+    run = run_playbook("playbooks/evaluate.yml", inventory=inventory, timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    assert "drafter_evaluation_backend=sglang" in run.output and "not implemented" in run.output
+    assert run.counts()["changed"] == 0 and not (tmp_path / "artifacts" / "evaluate").exists()
