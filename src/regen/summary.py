@@ -123,6 +123,12 @@ def training_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]]:
     return lines
 
 
+def evaluation_lines(report: Record) -> list[tuple[str, str]]:
+    from regen.evaluate.report import headline
+
+    return [("evaluate", headline(report))]
+
+
 def _named(paths: list[Path]) -> list[tuple[str, Record]]:
     found = []
     for path in sorted(paths):
@@ -154,6 +160,9 @@ def collect(artifacts: Path) -> list[tuple[str, str]]:
     training = _named(records.find(artifacts, records.TRAINING_STATUSES))
     if training:
         sections.append(("train", lambda: training_lines(training)))
+    evaluation = _load(artifacts / "evaluate" / "report.json")
+    if evaluation is not None:
+        sections.append(("evaluate", lambda: evaluation_lines(evaluation)))
     for stage, build in sections:
         try:
             rows.extend(build())

@@ -29,8 +29,11 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwar
     assert all(stats["failed"] == 0 and stats["unreachable"] == 0 for stats in first.values()), first
     # The run ends with the summary table, one row per stage that produced something.
     summary = output[output.index("regen summary") :]
-    for row in ("model", "plan", "serve", "generate", "tokenize", "train"):
+    for row in ("model", "plan", "serve", "generate", "tokenize", "train", "evaluate"):
         assert re.search(rf"^\s+{row}\s", summary, re.MULTILINE), (row, summary[:2000])
+    # The evaluation's headline: the oracle reaches the block size and every output was lossless.
+    headline = r"^\s+evaluate\s+acceptance length trained .*oracle 16\.00 .*; lossless$"
+    assert re.search(headline, summary, re.MULTILINE), summary[:3000]
     output, second = _run_pipeline()
     assert all(stats["changed"] == 0 for stats in second.values()), (second, output[-6000:])
 

@@ -57,6 +57,9 @@ from ._common import (
 )
 
 log = logging.getLogger("regen.jobs.prompts")
+# The held-out evaluation split (--eval-fraction) goes in this subdirectory: the generate stage reads only
+# the top level, so these prompts are never generated for, tokenized or trained on.
+EVAL_DIR = "eval"
 
 SCHEMA_VERSION = 1
 BUILTINS = {"demo": "demo_prompts.jsonl"}
@@ -478,7 +481,21 @@ class _ShardWriter:
             self._file.abort()
 
 
-def fingerprint(sources: list[Source], sample: int | None, seed: int, shard_rows: int) -> str:
+def in_eval_split(seed: int, rid: str, fraction: float) -> bool:
+    """Whether a row belongs to the held-out evaluation split: a keyed hash of (seed, id) below `fraction`.
+
+    Decided per row from its id alone, so the split is stable under re-runs, file order and sampling, and a
+    row never moves between training and evaluation unless the seed or the fraction changes.
+    """
+    if fraction <= 0:
+        return False
+    digest = hashlib.sha256(f"regen-eval-split:{seed}:{rid}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2**64
+
+
+def fingerprint(
+    sources: list[Source], sample: int | None, seed: int, shard_rows: int, eval_fraction: float = 0.0
+) -> str:
     desc = []
     for src in sources:
         d = src.describe()
@@ -492,6 +509,8 @@ def fingerprint(sources: list[Source], sample: int | None, seed: int, shard_rows
         "seed": seed,
         "shard_rows": shard_rows,
     }
+    if eval_fraction > 0:  # absent when off, so sets built before the split keep their fingerprint
+        doc["eval_fraction"] = eval_fraction
     return hashlib.sha256(canonical_json(doc)).hexdigest()
 
 
@@ -503,7 +522,9 @@ def up_to_date(out: Path, fp: str) -> dict[str, Any] | None:
         return None
     if not isinstance(manifest, dict) or manifest.get("fingerprint") != fp:
         return None
-    for shard in manifest.get("shards", []):
+    for shard in manifest.get("shards", []) + [
+        dict(s, path=f"{EVAL_DIR}/{s['path']}") for s in (manifest.get("eval") or {}).get("shards", [])
+    ]:
         p = out / shard["path"]
         if not p.is_file() or p.stat().st_size != shard["bytes"]:
             return None
@@ -521,8 +542,9 @@ def build(
     shard_rows: int,
     check: bool = False,
     force: bool = False,
+    eval_fraction: float = 0.0,
 ) -> dict[str, Any]:
-    fp = fingerprint(sources, sample, seed, shard_rows)
+    fp = fingerprint(sources, sample, seed, shard_rows, eval_fraction)
     existing = None if force else up_to_date(out, fp)
     if existing is not None:
         return {
@@ -530,6 +552,7 @@ def build(
             "rows": existing["rows"],
             "rejected": existing["rejected"],
             "duplicates": existing["duplicates"],
+            "eval_rows": (existing.get("eval") or {}).get("rows", 0),
             "manifest": str(out / "manifest.json"),
             "fingerprint": fp,
         }
@@ -540,6 +563,18 @@ def build(
     t0 = time.monotonic()
     counts = Counts()
     writer = _ShardWriter(out, fp[:8], shard_rows)
+    eval_writer = None
+    if eval_fraction > 0:
+        (out / EVAL_DIR).mkdir(exist_ok=True)
+        eval_writer = _ShardWriter(out / EVAL_DIR, fp[:8], shard_rows)
+
+    def put(rid: str, turns: list) -> None:
+        """Training shards, or the held-out evaluation split (never trained on)."""
+        if eval_writer is not None and in_eval_split(seed, rid, eval_fraction):
+            eval_writer.write(rid, turns)
+        else:
+            writer.write(rid, turns)
+
     rejects = AtomicFile(out / "rejects.jsonl")
     seen_prompts: set[bytes] = set()  # prompt keys already in the set (16 bytes each)
     seen_ids: dict[bytes, bytes] = {}  # id digest -> prompt key, to tell a duplicate from a clash
@@ -581,7 +616,7 @@ def build(
         if global_sampler is not None:
             global_sampler.offer(o, rid, turns, pkey)
         else:
-            writer.write(rid, turns)
+            put(rid, turns)
 
     try:
         for src in sources:
@@ -625,10 +660,13 @@ def build(
         if global_sampler is not None:
             counts.sampled_out += global_sampler.evicted
             for _, rid, turns, _ in global_sampler.rows():
-                writer.write(rid, turns)
+                put(rid, turns)
         shards = writer.close()
+        eval_shards = eval_writer.close() if eval_writer is not None else []
     except BaseException:
         writer.abort()
+        if eval_writer is not None:
+            eval_writer.abort()
         rejects.abort()
         raise
     rejects.commit()
@@ -655,8 +693,18 @@ def build(
         "seed": seed,
         "sources": [dict(src.describe(), counts=counts.per_source[src.name]) for src in sources],
     }
+    eval_rows = sum(s["rows"] for s in eval_shards)
+    if eval_writer is not None:
+        manifest["eval"] = {
+            "dir": EVAL_DIR,
+            "fraction": eval_fraction,
+            "rows": eval_rows,
+            "shards": eval_shards,
+        }
     atomic_write_json(out / "manifest.json", manifest)  # the commit point
     _remove_stale(out, {s["path"] for s in shards})
+    if (out / EVAL_DIR).is_dir():
+        _remove_stale(out / EVAL_DIR, {s["path"] for s in eval_shards})
     log.info(
         "prompt set written",
         extra=kv(rows=counts.rows, shards=len(shards), seconds=f"{time.monotonic() - t0:.2f}"),
@@ -667,6 +715,7 @@ def build(
         "rejected": counts.rejected,
         "duplicates": counts.duplicates,
         "sampled_out": counts.sampled_out,
+        "eval_rows": eval_rows,
         "manifest": str(out / "manifest.json"),
         "fingerprint": fp,
     }
@@ -710,6 +759,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--shard-rows", type=int, default=100_000, help="rows per output shard")
+    p.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.0,
+        help=f"hold out this share of the prompts (by a seeded hash of their id) in OUTPUT_DIR/{EVAL_DIR}/",
+    )
     p.add_argument("--check", action="store_true", help="only report whether a build would change the output")
     p.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
     return p
@@ -722,6 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         raise JobError("--sample must be a positive integer")
     if a.shard_rows < 1:
         raise JobError("--shard-rows must be a positive integer")
+    if not 0 <= a.eval_fraction < 1:
+        raise JobError("--eval-fraction must be at least 0 and below 1 (e.g. 0.1 holds out a tenth)")
     sources = [parse_source(s) for s in a.source]
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
@@ -734,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         shard_rows=a.shard_rows,
         check=a.check,
         force=a.force,
+        eval_fraction=a.eval_fraction,
     )
     if not a.check:
         state = "written" if result["changed"] else "up to date"

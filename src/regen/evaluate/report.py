@@ -1,0 +1,273 @@
+"""report.json and report.md from the evaluation's per-prompt results, and the PNG plots beside them.
+
+Pure functions build the documents (tested without torch); `draw_plots` needs matplotlib (Agg backend)
+and is skipped, with a line in report.md saying so, on a venv that lacks it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .stats import bootstrap_ci, speedup_ci, summarize, throughput
+
+DRAFTERS = ("trained", "untrained", "oracle")
+TREE_NOT_MEASURED = "DDTree budgets were not scored in this run (--tree-budgets was empty)"
+TREE_NOTE = (
+    "Per verification step of the chain run, the acceptance length greedy verification of a DDTree of that "
+    "many nodes (the likeliest prefixes of the drafter's per-slot distributions) would have reached in the "
+    "same state. Acceptance only: the CPU reference has no tree-attention verifier, so no tokens/s; the "
+    "pinned engine's DFLASH verifies the chain."
+)
+
+
+def build_report(
+    results: Sequence[dict[str, Any]],
+    *,
+    block_size: int,
+    settings: dict[str, Any],
+    inputs: dict[str, Any],
+) -> dict[str, Any]:
+    """The report from one result per (drafter, prompt).
+
+    A result: {"drafter", "prompt_id", "category", "accepted": [int...], "tokens", "seconds",
+    "plain_tokens", "plain_seconds", "lossless": bool}.
+    """
+    drafters: dict[str, Any] = {}
+    for name in DRAFTERS:
+        rows = [r for r in results if r["drafter"] == name]
+        if not rows:
+            continue
+        block = summarize([r["accepted"] for r in rows], block_size)
+        block["lossless"] = all(r["lossless"] for r in rows)
+        block["tokens_per_s"] = _round(throughput([(r["tokens"], r["seconds"]) for r in rows]))
+        block["speedup"] = _speedup(rows)
+        block["categories"] = _categories(rows, block_size)
+        drafters[name] = block
+    plain_rows = [r for r in results if r["drafter"] == "trained"] or list(results)
+    trained = drafters.get("trained")
+    return {
+        "block_size": block_size,
+        "drafters": drafters,
+        "lossless": bool(results) and all(r["lossless"] for r in results),
+        "plain_tokens_per_s": _round(
+            throughput([(r["plain_tokens"], r["plain_seconds"]) for r in plain_rows])
+        ),
+        "speedup": trained["speedup"] if trained else None,
+        "tree": _tree(results, block_size),
+        "settings": settings,
+        "inputs": inputs,
+        "prompts": len({r["prompt_id"] for r in results}),
+    }
+
+
+def _tree(results: Sequence[dict[str, Any]], block_size: int) -> dict[str, Any]:
+    budgets = sorted({int(b) for r in results for b in (r.get("tree") or {})})
+    if not budgets:
+        return {"measured": False, "reason": TREE_NOT_MEASURED}
+    per_budget: dict[str, Any] = {}
+    for budget in budgets:
+        entry = {}
+        for name in DRAFTERS:
+            traces = [
+                r["tree"][str(budget)]
+                for r in results
+                if r["drafter"] == name and str(budget) in (r.get("tree") or {})
+            ]
+            if traces:
+                block = summarize(traces, block_size)
+                entry[name] = {k: block[k] for k in ("acceptance_length", "acceptance_length_ci95", "steps")}
+        per_budget[str(budget)] = entry
+    return {"measured": True, "budgets": per_budget, "note": TREE_NOTE}
+
+
+def _speedup(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    spec = [(r["tokens"], r["seconds"]) for r in rows]
+    plain = [(r["plain_tokens"], r["plain_seconds"]) for r in rows]
+    s, p = throughput(spec), throughput(plain)
+    return {
+        "value": _round(s / p) if s and p else None,
+        "ci95": _round_all(speedup_ci(spec, plain)),
+        "spec_tokens_per_s": _round(s),
+        "plain_tokens_per_s": _round(p),
+        "concurrency": 1,
+    }
+
+
+def _categories(rows: Sequence[dict[str, Any]], block_size: int) -> dict[str, Any]:
+    names = sorted({r["category"] for r in rows if r.get("category")})
+    out = {}
+    for name in names:
+        picked = [r for r in rows if r.get("category") == name]
+        block = summarize([r["accepted"] for r in picked], block_size)
+        block["speedup"] = _speedup(picked)
+        out[name] = block
+    return out
+
+
+def headline(report: dict[str, Any]) -> str:
+    """One line for the run summary and `regen status`."""
+    parts = []
+    for name in DRAFTERS:
+        d = (report.get("drafters") or {}).get(name)
+        if not d or d.get("acceptance_length") is None:
+            continue
+        ci = d.get("acceptance_length_ci95") or [None, None]
+        parts.append(f"{name} {d['acceptance_length']:.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}]")
+    text = "acceptance length " + ", ".join(parts) if parts else "no acceptance measured"
+    text += f" (block {report.get('block_size')}, {report.get('prompts', 0)} prompts)"
+    speed = report.get("speedup") or {}
+    if speed.get("value") is not None:
+        text += f"; speedup {speed['value']:.2f}x at concurrency 1"
+    text += "; lossless" if report.get("lossless") else "; NOT lossless"
+    return text
+
+
+def _fmt(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
+
+
+def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str | None = None) -> str:
+    lines = [
+        "# Drafter evaluation",
+        "",
+        headline(report),
+        "",
+        "Acceptance length: tokens committed per target verification step, the bonus token included "
+        f"(1.0 = every draft rejected, {report.get('block_size')} = the whole block accepted). Intervals: "
+        "95% bootstrap over prompts.",
+        "",
+        "| drafter | acceptance length | 95% interval | steps | tokens/s | speedup | lossless |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, d in (report.get("drafters") or {}).items():
+        ci = d.get("acceptance_length_ci95") or [None, None]
+        sp = d.get("speedup") or {}
+        cells = [
+            name,
+            _fmt(d.get("acceptance_length")),
+            f"[{_fmt(ci[0])}, {_fmt(ci[1])}]",
+            str(d.get("steps")),
+            _fmt(d.get("tokens_per_s")),
+            _fmt(sp.get("value")),
+            "yes" if d.get("lossless") else "NO",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Plain greedy decoding of the same target: {_fmt(report.get('plain_tokens_per_s'))} tokens/s.",
+        "",
+    ]
+    lines += ["## Acceptance by position", "", "Share of steps whose k-th draft token was accepted.", ""]
+    header = "| drafter | " + " | ".join(str(k) for k in range(1, int(report.get("block_size") or 1))) + " |"
+    lines += [header, "|---" * (int(report.get("block_size") or 1)) + "|"]
+    for name, d in (report.get("drafters") or {}).items():
+        lines.append(
+            f"| {name} | " + " | ".join(_fmt(x) for x in d.get("acceptance_by_position") or []) + " |"
+        )
+    cats = ((report.get("drafters") or {}).get("trained") or {}).get("categories") or {}
+    if cats:
+        lines += [
+            "",
+            "## Trained drafter per category",
+            "",
+            "| category | acceptance length | 95% interval | speedup |",
+        ]
+        lines.append("|---|---|---|---|")
+        for name, c in cats.items():
+            ci = c.get("acceptance_length_ci95") or [None, None]
+            lines.append(
+                f"| {name} | {_fmt(c.get('acceptance_length'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] "
+                f"| {_fmt((c.get('speedup') or {}).get('value'))} |"
+            )
+    lines += ["", "## Tree verification (DDTree)", ""]
+    tree = report.get("tree") or {}
+    if tree.get("measured"):
+        names = sorted({n for entry in tree["budgets"].values() for n in entry}, key=DRAFTERS.index)
+        lines += ["| budget | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        chain = [_fmt(((report.get("drafters") or {}).get(n) or {}).get("acceptance_length")) for n in names]
+        lines.append("| chain | " + " | ".join(chain) + " |")
+        for budget, entry in tree["budgets"].items():
+            cells = []
+            for n in names:
+                ci = (entry.get(n) or {}).get("acceptance_length_ci95") or [None, None]
+                cells.append(
+                    f"{_fmt((entry.get(n) or {}).get('acceptance_length'))} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+                )
+            lines.append(f"| {budget} | " + " | ".join(cells) + " |")
+        lines += ["", tree.get("note", ""), ""]
+    else:
+        lines += [tree.get("reason", ""), ""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
+    if plot_note:
+        lines += [plot_note, ""]
+    s = report.get("settings") or {}
+    lines += [
+        "## Settings",
+        "",
+        f"Reference decoder on {s.get('device', 'cpu')} ({s.get('dtype')}), greedy, concurrency 1, up to "
+        f"{s.get('max_new_tokens')} new tokens per prompt; prompts from {s.get('prompts_source')}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def draw_plots(report: dict[str, Any], output_dir: Path) -> tuple[list[Path], str | None]:
+    """PNG plots (acceptance by position; speedup per category). Returns (files, note when skipped)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "Plots skipped: matplotlib does not import in this venv (report.json holds every figure)."
+    files = []
+    drafters = report.get("drafters") or {}
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, d in drafters.items():
+        ys = d.get("acceptance_by_position") or []
+        ax.plot(
+            range(1, len(ys) + 1), [y if y is not None else float("nan") for y in ys], marker="o", label=name
+        )
+    ax.set_xlabel("position in block")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Acceptance by position")
+    ax.legend()
+    files.append(_save(fig, output_dir / "acceptance_by_position.png"))
+    plt.close(fig)
+    cats = (drafters.get("trained") or {}).get("categories") or {}
+    if cats:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        names = list(cats)
+        ax.bar(names, [(cats[n].get("speedup") or {}).get("value") or 0 for n in names])
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_ylabel("speedup (spec / plain tokens/s)")
+        ax.set_title("Speedup per category (trained drafter)")
+        files.append(_save(fig, output_dir / "speedup_by_category.png"))
+        plt.close(fig)
+    return files, None
+
+
+def _save(fig: Any, path: Path) -> Path:
+    from regen.jobs._common import atomic_write_bytes
+
+    buf = io.BytesIO()
+    # No timestamp or software tag: the same report draws the same bytes.
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _round_all(values: Sequence[float] | None, digits: int = 4) -> list[float] | None:
+    return None if values is None else [round(v, digits) for v in values]
+
+
+__all__ = ["DRAFTERS", "bootstrap_ci", "build_report", "draw_plots", "headline", "render_markdown"]

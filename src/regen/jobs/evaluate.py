@@ -1,0 +1,439 @@
+"""Evaluate a DFlash drafter: acceptance length, acceptance by position and speedup over plain decoding.
+
+    python -m regen.jobs.evaluate --target-model DIR --checkpoint DRAFTER_DIR --prompts PATH \
+        --output-dir DIR [--max-prompts N] [--max-new-tokens N] [--seed S] [--force]
+
+Runs the CPU reference (`regen.evaluate.reference`: the target through transformers, the drafter through
+SpecForge's own DFlashDraftModel) on the same prompts with greedy decoding, for three drafters:
+`trained` (the checkpoint), `untrained` (the same config, freshly initialised: about 1.0) and `oracle`
+(proposes the target's own greedy continuation: the block size). Every speculative output is compared
+with plain greedy decoding of the same prompt (`lossless`).
+
+PROMPTS is a JSONL file (or a directory of `*.jsonl` shards, as the prompts stage writes) of
+`{"id", "conversations": [{"role", "content"}...], "category"?}` rows; the prompt is the conversation up to
+its first user turn, rendered with the target's chat template. A `category` (code/math/chat...) gives
+per-category figures.
+
+Output in DIR: `report.json`, `report.md`, PNG plots, `results.jsonl` (one line per drafter and prompt,
+so an interrupted run resumes where it stopped) and `status.json`. The report records a digest of its
+inputs (checkpoint, target, prompts, settings): a second run on the same inputs re-evaluates nothing and
+prints `"changed": false`. Exit codes: 0 done, 1 some speculative output differed from greedy decoding
+(see report.md), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ._common import (
+    EXIT_FAILED_RECORDS,
+    EXIT_OK,
+    EXIT_USAGE,
+    JobError,
+    StatusFile,
+    add_logging_arguments,
+    atomic_write_bytes,
+    atomic_write_json,
+    canonical_json,
+    decode_json_line,
+    iter_lines,
+    kv,
+    run_main,
+    setup_logging,
+    sha256_file,
+)
+
+log = logging.getLogger("regen.jobs.evaluate")
+
+# Bumped when what the harness measures changes, so old reports are not mistaken for current ones.
+METHOD = "dflash-greedy-chain+ddtree/2"
+DRAFTER_CHOICES = ("trained", "untrained", "oracle")
+__all__ = ["EXIT_FAILED_RECORDS", "EXIT_OK", "EXIT_USAGE", "JobError", "main", "run_main"]
+FULL_HASH_LIMIT = 1 << 30  # model files above this are identified by name and size, not content
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------------
+
+
+def prompt_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(
+            p
+            for p in path.iterdir()
+            if p.name.endswith((".jsonl", ".jsonl.gz")) and p.name != "rejects.jsonl"
+        )
+        if files:
+            return files
+    raise JobError(
+        f"no prompts at {path}: pass a JSONL file or the prompts stage's directory of *.jsonl shards "
+        "(-e evaluate_prompts=PATH)"
+    )
+
+
+def first_user_turn(conversation: Any) -> list[dict[str, str]] | None:
+    """System turns and the first user turn: what the target is asked to answer (as SpecForge's bench)."""
+    if not isinstance(conversation, list):
+        return None
+    cut = []
+    for turn in conversation:
+        if not isinstance(turn, dict) or turn.get("role") not in ("system", "user"):
+            continue
+        if not isinstance(turn.get("content"), str):
+            return None
+        cut.append({"role": turn["role"], "content": turn["content"]})
+        if turn["role"] == "user":
+            return cut
+    return None
+
+
+def selection_key(seed: int, prompt_id: str) -> str:
+    """Prompts are picked by a keyed hash of their id: the same set whatever order the files list them in."""
+    return hashlib.sha256(f"{seed}:{prompt_id}".encode()).hexdigest()
+
+
+def load_prompts(path: Path, limit: int, seed: int) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for file in prompt_files(path):
+        for lineno, raw in iter_lines(file):
+            row, err = decode_json_line(raw)
+            turns = (
+                first_user_turn(row.get("conversations") or row.get("messages"))
+                if isinstance(row, dict)
+                else None
+            )
+            if err or turns is None:
+                log.warning(
+                    "prompt skipped", extra=kv(file=str(file), line=lineno, reason=err or "no user turn")
+                )
+                continue
+            pid = str(row.get("id") or hashlib.sha256(canonical_json(turns)).hexdigest()[:16])
+            category = row.get("category") or (row.get("metadata") or {}).get("category")
+            rows.setdefault(pid, {"id": pid, "turns": turns, "category": category})
+    if not rows:
+        raise JobError(f"no usable prompt in {path}: rows need `conversations` with a user turn")
+    picked = sorted(rows.values(), key=lambda r: selection_key(seed, r["id"]))[:limit]
+    return sorted(picked, key=lambda r: r["id"])
+
+
+def files_digest(directory: Path, patterns: tuple[str, ...]) -> str:
+    """Content hash of a model directory's config and weights (name + size only for very large files)."""
+    h = hashlib.sha256()
+    for pattern in patterns:
+        for file in sorted(directory.glob(pattern)):
+            size = file.stat().st_size
+            h.update(f"{file.name}\0{size}\0".encode())
+            if size <= FULL_HASH_LIMIT:
+                h.update(sha256_file(file).encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# Resumable results
+# --------------------------------------------------------------------------------------------------
+
+
+class Results:
+    """results.jsonl: one line per (drafter, prompt) for the current inputs digest; lines of another digest
+    are dropped when the file is opened, so a changed checkpoint is evaluated afresh."""
+
+    def __init__(self, path: Path, digest: str):
+        self.path = path
+        self.digest = digest
+        self.rows: dict[tuple[str, str], dict[str, Any]] = {}
+        if path.exists():
+            for _, raw in iter_lines(path):
+                row, err = decode_json_line(raw)
+                if not err and isinstance(row, dict) and row.get("digest") == digest:
+                    self.rows[(row["drafter"], row["prompt_id"])] = row
+        # Rewrite now: drops stale lines and a torn last line from a crash.
+        atomic_write_bytes(path, b"".join(json.dumps(r).encode() + b"\n" for r in self.rows.values()))
+
+    def has(self, drafter: str, prompt_id: str) -> bool:
+        return (drafter, prompt_id) in self.rows
+
+    def add(self, row: dict[str, Any]) -> None:
+        row = {**row, "digest": self.digest}
+        self.rows[(row["drafter"], row["prompt_id"])] = row
+        with open(self.path, "ab") as fh:
+            fh.write(json.dumps(row).encode() + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+# --------------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m regen.jobs.evaluate",
+        description="Acceptance length and speedup of a DFlash drafter (CPU reference, greedy).",
+    )
+    p.add_argument("--target-model", type=Path, required=True, help="the target model directory")
+    p.add_argument(
+        "--checkpoint", type=Path, required=True, help="exported drafter (config.json + safetensors)"
+    )
+    p.add_argument("--prompts", type=Path, required=True, help="JSONL file or directory of *.jsonl shards")
+    p.add_argument("--output-dir", type=Path, required=True)
+    p.add_argument("--max-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--prompt-max-tokens", type=int, default=256, help="longer prompts keep their last tokens")
+    p.add_argument(
+        "--drafters", default=",".join(DRAFTER_CHOICES), help="comma list of trained,untrained,oracle"
+    )
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument(
+        "--tree-budgets",
+        default="4,16,64",
+        help="DDTree node budgets scored beside the chain (comma list; empty: none)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="prompt selection and the untrained drafter's init")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--no-trust-remote-code", action="store_true")
+    p.add_argument("--force", action="store_true", help="re-evaluate even when the report is up to date")
+    p.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
+    add_logging_arguments(p)
+    return p
+
+
+def _drafters(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in DRAFTER_CHOICES]
+    if bad or not names:
+        raise JobError(f"--drafters {text!r}: choose from {', '.join(DRAFTER_CHOICES)}")
+    return names
+
+
+def _tokenize(tokenizer: Any, turns: list[dict[str, str]], limit: int) -> list[int]:
+    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids[-limit:]
+
+
+def _stop_ids(tokenizer: Any, model: Any) -> list[int]:
+    ids = set()
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (eos if isinstance(eos, list) else [eos]) + [tokenizer.eos_token_id]:
+        if isinstance(value, int):
+            ids.add(value)
+    for token in ("<|im_end|>",):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return sorted(ids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, args.log_format)
+    drafters = _drafters(args.drafters)
+    try:
+        budgets = sorted({int(x) for x in args.tree_budgets.split(",") if x.strip()})
+    except ValueError:
+        raise JobError(
+            f"--tree-budgets {args.tree_budgets!r}: a comma list of node counts, e.g. 4,16,64"
+        ) from None
+    if any(b < 1 for b in budgets):
+        raise JobError("--tree-budgets: every budget must be at least 1 node")
+    if args.max_prompts < 1 or args.max_new_tokens < 1:
+        raise JobError("--max-prompts and --max-new-tokens must be at least 1")
+    out = args.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    status = StatusFile(args.status_file or out / "status.json", interval=2.0)
+
+    from ..evaluate import reference as ref
+    from ..evaluate.report import build_report, draw_plots, headline, render_markdown
+
+    try:
+        ref.drafter_config(args.checkpoint)
+        checkpoint_info = ref.checkpoint_summary(args.checkpoint)
+    except (OSError, ValueError, ref.EvaluationError) as exc:
+        raise JobError(str(exc)) from exc
+    if not (args.target_model / "config.json").is_file():
+        raise JobError(
+            f"{args.target_model} has no config.json: pass the target model directory (--target-model)"
+        )
+    prompts = load_prompts(args.prompts, args.max_prompts, args.seed)
+    settings = {
+        "method": METHOD,
+        "drafters": drafters,
+        "max_prompts": args.max_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "prompt_max_tokens": args.prompt_max_tokens,
+        "dtype": args.dtype,
+        "seed": args.seed,
+        "tree_budgets": budgets,
+        "device": "cpu",
+        "prompts_source": str(args.prompts),
+    }
+    inputs = {
+        "checkpoint": str(args.checkpoint),
+        "checkpoint_digest": files_digest(args.checkpoint, ("config.json", "*.safetensors")),
+        "target_model": str(args.target_model),
+        "target_digest": files_digest(args.target_model, ("config.json", "*.safetensors", "*.py", "*.model")),
+        "prompts_digest": hashlib.sha256(canonical_json(prompts)).hexdigest(),
+        "prompt_ids": [p["id"] for p in prompts],
+        "drafter": checkpoint_info,
+    }
+    digest = hashlib.sha256(canonical_json({"settings": settings, "inputs": inputs})).hexdigest()
+    report_path = out / "report.json"
+    old = _load_json(report_path)
+    if old and old.get("inputs_digest") == digest and not args.force:
+        log.info("report up to date", extra=kv(report=str(report_path)))
+        print(
+            json.dumps(
+                {
+                    "changed": False,
+                    "report": str(report_path),
+                    "headline": headline(old),
+                    "lossless": old.get("lossless"),
+                }
+            )
+        )
+        return EXIT_OK if old.get("lossless") else EXIT_FAILED_RECORDS
+
+    import torch
+    from transformers import AutoTokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    trust = not args.no_trust_remote_code
+    target = ref.Target.load(args.target_model, args.dtype, trust)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.target_model), trust_remote_code=trust)
+    stops = _stop_ids(tokenizer, target.model)
+    trained = ref.load_drafter(args.checkpoint, args.dtype)
+    ref.check_compatible(trained, target)
+    block, mask, layers = int(trained.block_size), int(trained.mask_token_id), list(trained.target_layer_ids)
+    proposers: dict[str, Any] = {}
+    if "trained" in drafters:
+        proposers["trained"] = ref.DFlashProposer(trained, target)
+    if "untrained" in drafters:
+        proposers["untrained"] = ref.DFlashProposer(
+            ref.fresh_drafter(args.checkpoint, args.seed, args.dtype), target
+        )
+
+    results = Results(out / "results.jsonl", digest)
+    total = len(prompts) * len(drafters)
+    began = time.monotonic()
+
+    def progress(state: str) -> dict[str, Any]:
+        return {
+            "state": state,
+            "done": len(results.rows),
+            "total": total,
+            "elapsed_s": round(time.monotonic() - began, 1),
+            "line": f"{state} | {len(results.rows)}/{total} drafter-prompt runs",
+        }
+
+    # One untimed decode first: the first forwards pay one-off costs (allocations, kernel selection).
+    ref.greedy_decode(target, _tokenize(tokenizer, prompts[0]["turns"], args.prompt_max_tokens), 4, stops)
+    for prompt in prompts:
+        if all(results.has(name, prompt["id"]) for name in drafters):
+            continue
+        ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens)
+        plain = ref.greedy_decode(target, ids, args.max_new_tokens, stops)
+        # The target's own continuation, a block longer than the output so the last step is full too: the
+        # oracle's drafts, and the truth a DDTree's paths are checked against.
+        cont = ids + ref.greedy_decode(target, ids, args.max_new_tokens + block, ()).tokens
+        for name in drafters:
+            if results.has(name, prompt["id"]):
+                continue
+            if name == "oracle":
+                proposer: Any = ref.OracleProposer(cont, block)
+            else:
+                proposer = proposers[name]
+            spec = ref.speculative_decode(
+                target,
+                proposer,
+                ids,
+                block_size=block,
+                mask_token_id=mask,
+                layer_ids=layers,
+                max_new=args.max_new_tokens,
+                stop_ids=stops,
+                tree_budgets=budgets if name != "oracle" else (),
+                continuation=cont,
+            )
+            lossless = spec.tokens == plain.tokens
+            if not lossless:
+                log.error(
+                    "speculative output differs from greedy decoding",
+                    extra=kv(
+                        drafter=name, prompt=prompt["id"], first_diff=_first_diff(spec.tokens, plain.tokens)
+                    ),
+                )
+            results.add(
+                {
+                    "drafter": name,
+                    "prompt_id": prompt["id"],
+                    "category": prompt["category"],
+                    "accepted": spec.accepted,
+                    "tokens": len(spec.tokens),
+                    "seconds": round(spec.seconds, 6),
+                    "plain_tokens": len(plain.tokens),
+                    "plain_seconds": round(plain.seconds, 6),
+                    "lossless": lossless,
+                    "tree": {str(b): steps for b, steps in spec.tree_accepted.items()},
+                }
+            )
+            log.info(
+                "evaluated",
+                extra=kv(
+                    drafter=name,
+                    prompt=prompt["id"],
+                    steps=spec.steps,
+                    tokens=len(spec.tokens),
+                    lossless=lossless,
+                ),
+            )
+            status.maybe_write(lambda: progress("running"))
+
+    rows = [results.rows[(name, p["id"])] for p in prompts for name in drafters]
+    report = build_report(rows, block_size=block, settings=settings, inputs=inputs)
+    report["inputs_digest"] = digest
+    report["regen_version"] = __version__
+    plots, note = draw_plots(report, out)
+    atomic_write_bytes(out / "report.md", render_markdown(report, [str(p) for p in plots], note).encode())
+    atomic_write_json(report_path, report)  # last: its digest marks the evaluation complete
+    status.maybe_write(lambda: progress("succeeded"), force=True, durable=True)
+    line = headline(report)
+    log.info(line)
+    print(
+        json.dumps(
+            {"changed": True, "report": str(report_path), "headline": line, "lossless": report["lossless"]}
+        )
+    )
+    return EXIT_OK if report["lossless"] else EXIT_FAILED_RECORDS
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

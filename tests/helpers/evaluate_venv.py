@@ -1,0 +1,88 @@
+"""The venv the evaluate stage's reference decoder runs in on the CPU demo, for tests.
+
+The pipeline's training venv on the embedded default is SpecForge 0.2.0 (``--no-deps``) layered on the
+serving venv's torch and transformers (roles/drafter_training/tasks/venv.yml); this builds the same
+layering on the project venv under .cache/specforge-0.2.0-eval-venv (about 10 s on first use, reused
+after). It differs from .cache/specforge-0.2.0-venv, which adds the transformers release SpecForge pins
+for checking configs: the reference runs with the transformers the pipeline really uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PINS = ["specforge==0.2.0"]
+VENV = Path(os.environ.get("REGEN_EVALUATE_VENV", ROOT / ".cache" / "specforge-0.2.0-eval-venv"))
+
+
+def evaluate_python() -> Path:
+    python = VENV / "bin" / "python"
+    base = sysconfig.get_paths()["purelib"]
+    marker = VENV / ".regen-pins"
+    want = json.dumps({"pins": PINS, "base": base})
+    if python.exists() and marker.exists() and marker.read_text() == want:
+        return python
+    shutil.rmtree(VENV, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(VENV)], check=True)
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(purelib, "regen-base.pth").write_text(base + "\n")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            *PINS,
+        ],
+        check=True,
+        timeout=600,
+    )
+    marker.write_text(want)
+    return python
+
+
+def run_python(code: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """Run `code` in the evaluate venv with the repo's src/ and module_utils/ importable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "module_utils")])}
+    return subprocess.run(
+        [str(evaluate_python()), "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+# Driver code: `make_drafter` writes an untrained DFlash drafter for a target as `export --to hf` lays it out
+# (config.json + model.safetensors), its config from regen's own draft-config derivation.
+DRAFTER_SNIPPET = r"""
+import json, torch
+import regen_drafter
+from transformers import Qwen3Config
+from specforge.modeling.draft.dflash import DFlashDraftModel
+
+def make_drafter(model_dir, out_dir, seed=1, num_draft_layers=1, mask_token_id=3845):
+    target = json.load(open(f"{model_dir}/config.json"))
+    text = target.get("text_config", target)
+    facts = {"architecture": {"hidden_size": text["hidden_size"], "num_layers": text["num_hidden_layers"],
+                              "vocab_size": text["vocab_size"]}}
+    cfg, _, _ = regen_drafter.draft_config(
+        facts, target, num_draft_layers=num_draft_layers, mask_token_id=mask_token_id
+    )
+    torch.manual_seed(seed)
+    DFlashDraftModel(Qwen3Config(**cfg)).save_pretrained(out_dir)
+    return cfg
+"""
