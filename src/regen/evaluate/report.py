@@ -253,7 +253,7 @@ def draw_plots(report: dict[str, Any], output_dir: Path) -> tuple[list[Path], st
 
 
 def _save(fig: Any, path: Path) -> Path:
-    from regen.jobs._common import atomic_write_bytes
+    from regen.fsio import atomic_write_bytes
 
     buf = io.BytesIO()
     # No timestamp or software tag: the same report draws the same bytes.

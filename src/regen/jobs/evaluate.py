@@ -34,18 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..fsio import atomic_write_bytes, atomic_write_json
 from ._common import (
     EXIT_FAILED_RECORDS,
     EXIT_OK,
     EXIT_USAGE,
     JobError,
     StatusFile,
-    add_logging_arguments,
-    atomic_write_bytes,
-    atomic_write_json,
     canonical_json,
     decode_json_line,
     iter_lines,
+    job_parser,
     kv,
     run_main,
     setup_logging,
@@ -179,9 +178,11 @@ class Results:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m regen.jobs.evaluate",
-        description="Acceptance length and speedup of a DFlash drafter (CPU reference, greedy).",
+    p = job_parser(
+        "python -m regen.jobs.evaluate",
+        "Acceptance length and speedup of a DFlash drafter (CPU reference, greedy).",
+        status=False,
+        progress=False,
     )
     p.add_argument("--target-model", type=Path, required=True, help="the target model directory")
     p.add_argument(
@@ -206,7 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-trust-remote-code", action="store_true")
     p.add_argument("--force", action="store_true", help="re-evaluate even when the report is up to date")
     p.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
-    add_logging_arguments(p)
     return p
 
 
