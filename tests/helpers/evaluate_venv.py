@@ -59,8 +59,8 @@ def evaluate_python() -> Path:
 
 
 def run_python(code: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    """Run `code` in the evaluate venv with the repo's src/ and module_utils/ importable."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "module_utils")])}
+    """Run `code` in the evaluate venv with the repo's src/ importable, module_utils/ named for the snippet."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "REGEN_MODULE_UTILS": str(ROOT / "module_utils")}
     return subprocess.run(
         [str(evaluate_python()), "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -69,8 +69,10 @@ def run_python(code: str, *args: str, timeout: int = 900) -> subprocess.Complete
 # Driver code: `make_drafter` writes an untrained DFlash drafter for a target as `export --to hf` lays it out
 # (config.json + model.safetensors), its config from regen's own draft-config derivation.
 DRAFTER_SNIPPET = r"""
-import json, torch
-import regen_drafter
+import json, os, torch
+import ansible.module_utils  # the shared logic imports its siblings as Ansible does; module_utils joins it
+ansible.module_utils.__path__.append(os.environ["REGEN_MODULE_UTILS"])
+from ansible.module_utils import regen_drafter
 from transformers import Qwen3Config
 from specforge.modeling.draft.dflash import DFlashDraftModel
 
