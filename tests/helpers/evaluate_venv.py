@@ -59,7 +59,7 @@ def evaluate_python() -> Path:
 
 
 def run_python(code: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    """Run `code` in the evaluate venv with the repo's src/ importable, module_utils/ named for the snippet."""
+    """Run `code` in the evaluate venv: the repo's src/ importable, module_utils/ named for the snippet."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "REGEN_MODULE_UTILS": str(ROOT / "module_utils")}
     return subprocess.run(
         [str(evaluate_python()), "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env

@@ -97,7 +97,9 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(tmp_path):
         progress = []
         for _ in range(10):
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.2, 1.5))  # startup (imports, recovery) included
+            # past startup (imports, recovery), so a loaded machine still kills work in progress
+            _wait_for_records(out, (progress[-1] if progress else 0) + 1, proc)
+            time.sleep(rng.uniform(0.0, 0.8))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 kills += 1
@@ -131,7 +133,7 @@ def test_sigterm_drains_in_flight_requests_then_resumes(tmp_path):
     with StubServer(StubConfig(delay=0.3)) as stub:
         args = job_args(prompts, out, stub.url)
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.2)
+        _wait_for_records(out, 1, proc)  # past startup: the handler is installed, requests are in flight
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
         assert proc.returncode == 143, stderr
@@ -145,6 +147,16 @@ def test_sigterm_drains_in_flight_requests_then_resumes(tmp_path):
     assert final.returncode == 0
     got = output_ids(out)
     assert sorted(got) == ids
+
+
+def _wait_for_records(out, count: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the job has written `count` records (or ended): a fixed sleep races the job's startup."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        # whole lines only: the job may be mid-write (output_ids asserts on torn lines: for after a kill)
+        if sum(shard.read_bytes().count(b"\n") for shard in out.glob("completions-*.jsonl")) >= count:
+            return
+        time.sleep(0.05)
 
 
 def run_job(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
