@@ -53,6 +53,7 @@ def _inventory(tmp_path: Path, ports: list[int], **extra: object) -> Path:
         "regen_work_dir": str(tmp_path / "work"),
         "regen_artifacts_dir": str(tmp_path / "artifacts"),
         "regen_profile": "cpu",
+        "regen_model_path": str(tmp_path / "models" / "none"),  # a required global; the master needs no model
         "regen_job_python": sys.executable,
         "mooncake_master_venv": str(VENV),
         "mooncake_master_rpc_port": rpc,
