@@ -120,7 +120,7 @@ def test_parse_compute_capability(text, expected):
     ],
 )
 def test_backend_for_real_configs(model, cc, value, row):
-    import regen_config
+    from ansible.module_utils import regen_config
 
     config = json.loads((ROOT / "tests" / "fixtures" / "configs" / model / "config.json").read_text())
     arch = regen_config.normalize_config(config)

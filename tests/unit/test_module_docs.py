@@ -146,7 +146,9 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         dest = tmp_path / "wheelhouse"
         dest.mkdir()
         (dest / "tqdm-4.70.1-py3-none-any.whl").write_bytes(b"")
-        return {"name": "t", "lock": "tqdm==4.70.1\n", "dest": str(dest), "build": False}
+        sha = "0" * 64  # the wheel below is empty: a hashed pin whose file is already there is not fetched
+        lock = f"tqdm==4.70.1 \\\n    --hash=sha256:{sha}\n"
+        return {"name": "t", "lock": lock, "dest": str(dest), "build": False}
     if name == "directory_archive":
         (tmp_path / "tree").mkdir()
         (tmp_path / "tree" / "a.txt").write_text("a\n")
@@ -154,6 +156,10 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
     if name == "project_wheel":
         project = _project_copy(tmp_path)
         return {"project": str(project), "dest": str(tmp_path / "wheels"), "python": sys.executable}
+    if name == "model_facts_info":
+        facts = tmp_path / "model_facts.json"
+        facts.write_text(json.dumps({"plan": {"serving": {"tp_size": {"value": 1, "reason": "r"}}}}))
+        return {"path": str(facts)}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 

@@ -101,7 +101,8 @@ def test_fallback_in_a_venv_without_tiktoken(
     demo: Path, raw_facts: dict, python_without_tiktoken: Path
 ) -> None:
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import regen_tokenizer as t; "
+        "import json, sys, ansible.module_utils as mu; mu.__path__.append(sys.argv[1]); "
+        "from ansible.module_utils import regen_tokenizer as t; "
         "print(json.dumps(t.gather(sys.argv[2])))"
     )
     result = subprocess.run(
