@@ -41,11 +41,18 @@ def alive(pid: int | None) -> bool:
 
 
 def cmdline(pid: int) -> list[str] | None:
-    """The command line of `pid`, or None when it cannot be read (gone, a zombie, not ours)."""
+    """The command line of `pid`, or None when it cannot be read (gone, a zombie, not ours).
+
+    Split on NUL only, as the kernel wrote it: psutil splits a NUL-less cmdline on spaces, which changes
+    the argv of a process that rewrote its title (sglang-router becomes `sglang::router ...`), so the
+    supervisor would no longer recognise its own process and start a second one.
+    """
     try:
-        return psutil.Process(int(pid)).cmdline() or None
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except OSError:
         return None
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part] or None
 
 
 def spawn_detached(
