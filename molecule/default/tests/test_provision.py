@@ -102,6 +102,8 @@ def test_venv_without_tiktoken_fails_verification_and_keeps_the_old_venv(host, l
         "- hosts: ct200-standin\n"
         "  gather_facts: false\n"
         "  roles:\n"
+        # Role regen types and defaults the regen_* globals (regen_demo_packages too) for the roles after it.
+        "    - role: regen\n"
         "    - role: python_env\n"
         "      vars:\n"
         "        python_env_envs:\n"
