@@ -57,22 +57,17 @@ import os
 import tarfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_files import file_sha256
+from ansible.module_utils.regen_files import file_sha256, tree_files
 
 
 def entries(src):
-    """Sorted (archive name, path, size, mtime) of the files to pack."""
+    """Sorted (archive name, path, size, mtime) of the files to pack (half-written `.tmp-*` files out)."""
     top = os.path.basename(os.path.normpath(src))
     found = []
-    for root, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith((".pyc", ".pyo")) or name.startswith(".tmp-"):
-                continue
-            path = os.path.join(root, name)
-            stat = os.stat(path)
-            arcname = os.path.join(top, os.path.relpath(path, src))
-            found.append((arcname, path, stat.st_size, int(stat.st_mtime)))
+    for relative in tree_files(src, skip_file=lambda name: name.startswith(".tmp-")):
+        path = os.path.join(src, relative)
+        stat = os.stat(path)
+        found.append((os.path.join(top, relative), path, stat.st_size, int(stat.st_mtime)))
     return found
 
 

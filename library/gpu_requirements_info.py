@@ -75,11 +75,11 @@ from ansible.module_utils.regen_gpu_requirements import (
     check_host,
     check_torch,
     fmt,
-    pins_from_lock,
     stack_cuda_from_pins,
     torch_cuda_arch_list,
 )
 from ansible.module_utils.regen_pyenv import torch_view
+from ansible.module_utils.regen_venv import LockError, parse_lock
 
 
 def main():
@@ -98,7 +98,11 @@ def main():
     facts = p["facts"]
     stack_cuda = None
     if p["serving_lock"].strip():
-        stack_cuda = stack_cuda_from_pins(pins_from_lock(p["serving_lock"]))
+        try:
+            pins = parse_lock(p["serving_lock"], "the serving lock (serving_lock)")["pins"]
+        except LockError as exc:
+            module.fail_json(msg=str(exc))
+        stack_cuda = stack_cuda_from_pins(pins)
     if p["python_env"] is not None:
         torch = torch_view(p["python_env"])
         result = check_torch(torch, facts, p["expected_count"])

@@ -55,10 +55,17 @@ plan:
   description: The plan (C(serving), C(generation), C(drafter), C(warnings)); null without O(architecture).
   returned: always
   type: dict
+plan_values:
+  description:
+    - The same plan with each C({value, reason}) entry unwrapped to its value (C(plan_values) in
+      C(module_utils/regen_plan.py)), so readers of the facts document never unwrap entries themselves.
+    - Null without O(architecture).
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_plan import make_plan, override_errors
+from ansible.module_utils.regen_plan import make_plan, override_errors, plan_values
 
 
 def main():
@@ -78,7 +85,7 @@ def main():
     plan = None
     if p["architecture"] is not None:
         plan = make_plan(p["architecture"], p["tokenizer"], p["gpu"], p["overrides"])
-    module.exit_json(changed=False, plan=plan)
+    module.exit_json(changed=False, plan=plan, plan_values=plan_values(plan) if plan is not None else None)
 
 
 if __name__ == "__main__":

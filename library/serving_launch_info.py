@@ -166,15 +166,10 @@ gpu_count_source:
   description: Where RV(gpu_count) came from (the O(gpu_count) option or nvidia-smi), or why it is unknown.
   returned: always
   type: str
-port_in_use:
-  description: Whether something already listens on the port (it may be this server itself).
-  returned: always
-  type: bool
 """
 
 import os
 import shutil
-import socket
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
@@ -198,17 +193,6 @@ def _count_gpus(module):
         module.fail_json(msg="nvidia-smi failed (%s); check the NVIDIA driver on this host"
                          % (proc.stderr.strip() or proc.returncode))
     return len([line for line in proc.stdout.splitlines() if line.strip()]), "nvidia-smi"
-
-
-def _port_in_use(host, port):
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host.strip("[]"), port))
-        except OSError:
-            return True
-    return False
 
 
 def main():
@@ -290,7 +274,6 @@ def main():
             msg += (" (nvidia-smi is not on this host's PATH; on a CPU host use "
                     "sglang_server_backend: transformers)")
         module.fail_json(msg=msg, **result)
-    result["port_in_use"] = _port_in_use(p["host"], p["port"])
     module.exit_json(**result)
 
 

@@ -14,19 +14,29 @@ import os
 # package sources (pyproject.toml's `where = ["src"]`).
 PROJECT_FILES = ("pyproject.toml", "README.md")
 SOURCE_DIR = "src"
-_SKIP_DIRS = {"__pycache__", "build", "dist"}
+_SKIP_DIRS = {"build", "dist"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
+
+
+def tree_files(top, skip_dir=None, skip_file=None):
+    """Paths (relative to `top`, sorted) of the files below `top`, bytecode and __pycache__ left out, and
+    the directories and files the optional predicates name (called with a bare name)."""
+    found = []
+    for root, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (skip_dir and skip_dir(d)))
+        for name in files:
+            if not name.endswith(_SKIP_SUFFIXES) and not (skip_file and skip_file(name)):
+                found.append(os.path.relpath(os.path.join(root, name), top))
+    return sorted(found)
 
 
 def source_files(project):
     """Paths (relative to `project`, sorted) of every file a wheel build of `project` reads."""
     found = [name for name in PROJECT_FILES if os.path.isfile(os.path.join(project, name))]
-    for root, dirs, files in os.walk(os.path.join(project, SOURCE_DIR)):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info"))
-        for name in files:
-            if not name.endswith(_SKIP_SUFFIXES):
-                found.append(os.path.relpath(os.path.join(root, name), project))
-    return sorted(found)
+    sources = tree_files(
+        os.path.join(project, SOURCE_DIR), skip_dir=lambda d: d in _SKIP_DIRS or d.endswith(".egg-info")
+    )
+    return sorted(found + [os.path.join(SOURCE_DIR, name) for name in sources])
 
 
 def source_digest(project, files):

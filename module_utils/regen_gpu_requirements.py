@@ -61,16 +61,6 @@ def min_cuda_for_capability(capability):
     return None
 
 
-def pins_from_lock(text):
-    """{normalized name: version} of the `name==version` lines of a lock (comments and markers ignored)."""
-    pins = {}
-    for line in (text or "").splitlines():
-        match = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;#]+)", line)
-        if match:
-            pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(2)
-    return pins
-
-
 def stack_cuda_from_pins(pins):
     """The CUDA (major, minor) a pinned stack was built for, read from its CUDA runtime wheel or its torch
     build tag; None for a CPU-only stack (the demo set)."""

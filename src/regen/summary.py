@@ -23,11 +23,6 @@ from regen.fsio import read_json_object
 Record = dict[str, Any]
 
 
-def _value(entry: Any) -> Any:
-    """Plan entries are {value, reason}; accept bare values too."""
-    return entry.get("value") if isinstance(entry, dict) and "value" in entry else entry
-
-
 def _load(path: Path) -> Record | None:
     return read_json_object(path)
 
@@ -50,17 +45,24 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
     how = f"loaded with {tokenizer.get('loaded_with')}"
     if load.get("remedy"):
         how += f" (library failed: {load['remedy']})"
-    plan = facts.get("plan") or {}
-    serving, drafter = plan.get("serving") or {}, plan.get("drafter") or {}
-    generation = plan.get("generation") or {}
+    # plan_values: the plan model_plan_info unwrapped once (module_utils/regen_plan.plan_values).
+    values = facts.get("plan_values")
+    if not isinstance(values, dict):
+        return [
+            ("model", shape),
+            ("tokenizer", how),
+            ("plan", "the facts file has no plan_values: re-run the introspect stage (--tags introspect)"),
+        ]
+    serving, drafter = values.get("serving") or {}, values.get("drafter") or {}
+    generation = values.get("generation") or {}
     return [
         ("model", shape),
-        ("tokenizer", f"{how}; thinking switch {_value(generation.get('thinking_switch'))!r}"),
+        ("tokenizer", f"{how}; thinking switch {generation.get('thinking_switch')!r}"),
         (
             "plan",
-            f"serve tp={_value(serving.get('tp_size'))} ep={_value(serving.get('ep_size'))} on "
-            f"{_value(serving.get('device'))}; drafter layers {_value(drafter.get('target_layer_ids'))}, "
-            f"block {_value(drafter.get('block_size'))}, mask id {_value(drafter.get('mask_token_id'))}",
+            f"serve tp={serving.get('tp_size')} ep={serving.get('ep_size')} on {serving.get('device')}; "
+            f"drafter layers {drafter.get('target_layer_ids')}, block {drafter.get('block_size')}, "
+            f"mask id {drafter.get('mask_token_id')}",
         ),
     ]
 

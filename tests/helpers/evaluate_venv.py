@@ -22,15 +22,17 @@ PINS = ["specforge==0.2.0"]
 VENV = Path(os.environ.get("REGEN_EVALUATE_VENV", ROOT / ".cache" / "specforge-0.2.0-eval-venv"))
 
 
-def evaluate_python() -> Path:
-    python = VENV / "bin" / "python"
+def layered_venv(venv: Path, pins: list[str]) -> Path:
+    """The python of a venv at `venv` that sees this interpreter's site-packages (a .pth file) plus `pins`
+    installed with --no-deps; rebuilt only when the pins or the base change."""
+    python = venv / "bin" / "python"
     base = sysconfig.get_paths()["purelib"]
-    marker = VENV / ".regen-pins"
-    want = json.dumps({"pins": PINS, "base": base})
+    marker = venv / ".regen-pins"
+    want = json.dumps({"pins": pins, "base": base})
     if python.exists() and marker.exists() and marker.read_text() == want:
         return python
-    shutil.rmtree(VENV, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(VENV)], check=True)
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True,
@@ -49,13 +51,17 @@ def evaluate_python() -> Path:
             "--quiet",
             "--disable-pip-version-check",
             "--no-deps",
-            *PINS,
+            *pins,
         ],
         check=True,
         timeout=600,
     )
     marker.write_text(want)
     return python
+
+
+def evaluate_python() -> Path:
+    return layered_venv(VENV, PINS)
 
 
 def run_python(code: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:

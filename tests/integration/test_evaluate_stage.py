@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from regen.jobs.status import validate
 from tests.helpers.ansible import localhost_inventory, run_playbook
 from tests.helpers.evaluate_venv import DRAFTER_SNIPPET, ROOT, VENV, evaluate_python, run_python
 
@@ -63,6 +64,10 @@ def test_job_reports_resumes_and_skips_unchanged_inputs(work: Path, demo_model_d
     )
     assert (out / "report.md").read_text().startswith("# Drafter evaluation")
     assert (out / "acceptance_by_position.png").stat().st_size > 0
+    status_doc = json.loads((out / "status.json").read_text())
+    assert validate(status_doc) == [], status_doc
+    assert (status_doc["job"], status_doc["state"], status_doc["done"], status_doc["total"]) == (
+        "evaluate", "succeeded", 6, 6)  # fmt: skip
 
     again, log = _job(work, demo_model_dir, "drafter-a", out)
     assert again["changed"] is False and "evaluated" not in log

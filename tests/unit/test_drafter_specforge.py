@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -25,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 from ansible.module_utils import regen_drafter as d
 from ansible.module_utils.regen_families import FAMILIES
 from ansible.module_utils.regen_plan import dflash_target_layer_ids
+
+from tests.helpers.evaluate_venv import layered_venv
 
 FIXTURES = ROOT / "tests" / "fixtures" / "drafter"
 # SpecForge 0.2.0 and the transformers it pins; the other three are what that transformers release needs
@@ -41,39 +40,7 @@ VENV = Path(os.environ.get("REGEN_SPECFORGE_VENV", ROOT / ".cache" / "specforge-
 
 
 def _venv_python() -> Path:
-    python = VENV / "bin" / "python"
-    base = sysconfig.get_paths()["purelib"]
-    marker = VENV / ".regen-pins"
-    want = json.dumps({"pins": PINS, "base": base})
-    if python.exists() and marker.exists() and marker.read_text() == want:
-        return python
-    shutil.rmtree(VENV, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(VENV)], check=True)
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    Path(purelib, "regen-base.pth").write_text(base + "\n")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            *PINS,
-        ],
-        check=True,
-        timeout=600,
-    )
-    marker.write_text(want)
-    return python
+    return layered_venv(VENV, PINS)
 
 
 DRIVER = r"""

@@ -232,6 +232,7 @@ def test_plan_module_returns_the_planner_s_plan(capsys: pytest.CaptureFixture[st
     result = run_module("model_plan_info", args, capsys)
     assert result["changed"] is False
     assert result["plan"] == make_plan(arch, None, _gpus(8), {})
+    assert result["plan_values"]["serving"]["ep_size"] == result["plan"]["serving"]["ep_size"]["value"] == 8
 
 
 def test_plan_module_fails_on_unknown_overrides(capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,6 +244,6 @@ def test_plan_module_fails_on_unknown_overrides(capsys: pytest.CaptureFixture[st
 
 def test_plan_module_without_architecture_only_checks_overrides(capsys: pytest.CaptureFixture[str]) -> None:
     result = run_module("model_plan_info", {"overrides": {"serving": {"tp_size": 2}}}, capsys)
-    assert result["plan"] is None and not result.get("failed")
+    assert result["plan"] is None and result["plan_values"] is None and not result.get("failed")
 
 

@@ -11,9 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from ansible.module_utils import regen_gpu
 from ansible.module_utils import regen_gpu_requirements as req
+from ansible.module_utils.regen_venv import parse_lock
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
-SERVING_PINS = req.pins_from_lock((ROOT / "envs" / "serving.lock").read_text())
+SERVING_PINS = parse_lock((ROOT / "envs" / "serving.lock").read_text())["pins"]
 
 
 def _table(name: str, count: int | None = None) -> dict:
@@ -43,7 +44,7 @@ def _rtx_pro_6000(driver: str, cuda: str | None, count: int = 8) -> dict:
 
 def test_serving_lock_needs_cuda_13() -> None:
     assert req.stack_cuda_from_pins(SERVING_PINS) == (13, 0)
-    assert req.stack_cuda_from_pins(req.pins_from_lock((ROOT / "envs" / "demo.lock").read_text())) is None
+    assert req.stack_cuda_from_pins(parse_lock((ROOT / "envs" / "demo.lock").read_text())["pins"]) is None
     assert req.stack_cuda_from_pins({"torch": "2.9.1+cu128"}) == (12, 8)
     assert req.min_driver_for_cuda((13, 0)) == (580, 0)
     assert req.min_driver_for_cuda((12, 8)) == (525, 60)

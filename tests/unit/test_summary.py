@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ansible.module_utils.regen_plan import plan_values
+
 from regen import summary
 from regen.training.status import new_status
 
@@ -35,6 +37,7 @@ FACTS = {
         "generation": {"thinking_switch": {"value": "thinking"}},
     },
 }
+FACTS["plan_values"] = plan_values(FACTS["plan"])  # as model_plan_info adds it to the facts document
 
 
 def test_empty_artifacts_say_so(tmp_path: Path) -> None:
@@ -47,6 +50,12 @@ def test_facts_become_model_tokenizer_and_plan_rows(tmp_path: Path) -> None:
     assert "61 layers" in rows["model"] and "MoE 384 experts top-8 (+1 shared" in rows["model"]
     assert "raw_files" in rows["tokenizer"] and "tiktoken is not installed" in rows["tokenizer"]
     assert "tp=8 ep=8 on cuda" in rows["plan"] and "[1, 15, 30, 44, 58]" in rows["plan"]
+
+
+def test_facts_from_before_plan_values_say_to_reintrospect(tmp_path: Path) -> None:
+    _write(tmp_path / "model_facts.json", {k: v for k, v in FACTS.items() if k != "plan_values"})
+    rows = dict(summary.collect(tmp_path))
+    assert "re-run the introspect stage" in rows["plan"] and "61 layers" in rows["model"]
 
 
 def test_stage_records_are_listed_per_host(tmp_path: Path) -> None:

@@ -413,7 +413,7 @@ def _plan_rows(plan_doc: Mapping[str, Any], prefix: str = "") -> list[tuple[str,
     for key, value in plan_doc.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) and "value" in value:
-            reason = value.get("reason") or value.get("why") or ""
+            reason = value.get("reason") or ""
             rows.append((name, json.dumps(value["value"], default=str), str(reason)))
         elif isinstance(value, Mapping):
             reason = str(value.get("reason", "")) if isinstance(value.get("reason"), str) else ""

@@ -50,6 +50,7 @@ from ._common import (
     setup_logging,
     sha256_file,
 )
+from .status import RUNNING_STATES, Status
 
 log = logging.getLogger("regen.jobs.evaluate")
 
@@ -330,77 +331,94 @@ def main(argv: list[str] | None = None) -> int:
     total = len(prompts) * len(drafters)
     began = time.monotonic()
 
-    def progress(state: str) -> dict[str, Any]:
-        return {
-            "state": state,
-            "done": len(results.rows),
-            "total": total,
-            "elapsed_s": round(time.monotonic() - began, 1),
-            "line": f"{state} | {len(results.rows)}/{total} drafter-prompt runs",
-        }
-
-    # One untimed decode first: the first forwards pay one-off costs (allocations, kernel selection).
-    ref.greedy_decode(target, _tokenize(tokenizer, prompts[0]["turns"], args.prompt_max_tokens), 4, stops)
-    for prompt in prompts:
-        if all(results.has(name, prompt["id"]) for name in drafters):
-            continue
-        ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens)
-        plain = ref.greedy_decode(target, ids, args.max_new_tokens, stops)
-        # The target's own continuation, a block longer than the output so the last step is full too: the
-        # oracle's drafts, and the truth a DDTree's paths are checked against.
-        cont = ids + ref.greedy_decode(target, ids, args.max_new_tokens + block, ()).tokens
-        for name in drafters:
-            if results.has(name, prompt["id"]):
+    def _run_all() -> None:
+        """Every drafter over every prompt not yet in `results` (each run is committed as it ends)."""
+        # One untimed decode first: the first forwards pay one-off costs (allocations, kernel selection).
+        ref.greedy_decode(target, _tokenize(tokenizer, prompts[0]["turns"], args.prompt_max_tokens), 4, stops)
+        for prompt in prompts:
+            if all(results.has(name, prompt["id"]) for name in drafters):
                 continue
-            if name == "oracle":
-                proposer: Any = ref.OracleProposer(cont, block)
-            else:
-                proposer = proposers[name]
-            spec = ref.speculative_decode(
-                target,
-                proposer,
-                ids,
-                block_size=block,
-                mask_token_id=mask,
-                layer_ids=layers,
-                max_new=args.max_new_tokens,
-                stop_ids=stops,
-                tree_budgets=budgets if name != "oracle" else (),
-                continuation=cont,
-            )
-            lossless = spec.tokens == plain.tokens
-            if not lossless:
-                log.error(
-                    "speculative output differs from greedy decoding",
+            ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens)
+            plain = ref.greedy_decode(target, ids, args.max_new_tokens, stops)
+            # The target's own continuation, a block longer than the output so the last step is full too: the
+            # oracle's drafts, and the truth a DDTree's paths are checked against.
+            cont = ids + ref.greedy_decode(target, ids, args.max_new_tokens + block, ()).tokens
+            for name in drafters:
+                if results.has(name, prompt["id"]):
+                    continue
+                if name == "oracle":
+                    proposer: Any = ref.OracleProposer(cont, block)
+                else:
+                    proposer = proposers[name]
+                spec = ref.speculative_decode(
+                    target,
+                    proposer,
+                    ids,
+                    block_size=block,
+                    mask_token_id=mask,
+                    layer_ids=layers,
+                    max_new=args.max_new_tokens,
+                    stop_ids=stops,
+                    tree_budgets=budgets if name != "oracle" else (),
+                    continuation=cont,
+                )
+                lossless = spec.tokens == plain.tokens
+                if not lossless:
+                    log.error(
+                        "speculative output differs from greedy decoding",
+                        extra=kv(
+                            drafter=name,
+                            prompt=prompt["id"],
+                            first_diff=_first_diff(spec.tokens, plain.tokens),
+                        ),
+                    )
+                results.add(
+                    {
+                        "drafter": name,
+                        "prompt_id": prompt["id"],
+                        "category": prompt["category"],
+                        "accepted": spec.accepted,
+                        "tokens": len(spec.tokens),
+                        "seconds": round(spec.seconds, 6),
+                        "plain_tokens": len(plain.tokens),
+                        "plain_seconds": round(plain.seconds, 6),
+                        "lossless": lossless,
+                        "tree": {str(b): steps for b, steps in spec.tree_accepted.items()},
+                    }
+                )
+                log.info(
+                    "evaluated",
                     extra=kv(
-                        drafter=name, prompt=prompt["id"], first_diff=_first_diff(spec.tokens, plain.tokens)
+                        drafter=name,
+                        prompt=prompt["id"],
+                        steps=spec.steps,
+                        tokens=len(spec.tokens),
+                        lossless=lossless,
                     ),
                 )
-            results.add(
-                {
-                    "drafter": name,
-                    "prompt_id": prompt["id"],
-                    "category": prompt["category"],
-                    "accepted": spec.accepted,
-                    "tokens": len(spec.tokens),
-                    "seconds": round(spec.seconds, 6),
-                    "plain_tokens": len(plain.tokens),
-                    "plain_seconds": round(plain.seconds, 6),
-                    "lossless": lossless,
-                    "tree": {str(b): steps for b, steps in spec.tree_accepted.items()},
-                }
-            )
-            log.info(
-                "evaluated",
-                extra=kv(
-                    drafter=name,
-                    prompt=prompt["id"],
-                    steps=spec.steps,
-                    tokens=len(spec.tokens),
-                    lossless=lossless,
-                ),
-            )
-            status.maybe_write(lambda: progress("running"))
+                status.maybe_write(lambda: progress("running"))
+
+    def progress(state: str, error: str | None = None) -> dict[str, Any]:
+        """The status document (`regen.jobs.status`): one unit is one drafter's run over one prompt."""
+        done = len(results.rows)
+        ended = state not in RUNNING_STATES
+        return Status(
+            job="evaluate",
+            state=state,
+            item="run",
+            line=f"evaluate: state={state} runs={done}/{total} (drafter x prompt)",
+            done=done,
+            total=total,
+            exit_code=(EXIT_OK if state == "succeeded" else EXIT_FAILED_RECORDS) if ended else None,
+            error=error,
+        ).document(elapsed_s=round(time.monotonic() - began, 1), drafters=drafters)
+
+    status.maybe_write(lambda: progress("running"), force=True)
+    try:
+        _run_all()
+    except BaseException:
+        status.maybe_write(lambda: progress("interrupted"), force=True, durable=True)
+        raise
 
     rows = [results.rows[(name, p["id"])] for p in prompts for name in drafters]
     report = build_report(rows, block_size=block, settings=settings, inputs=inputs)
@@ -409,7 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     plots, note = draw_plots(report, out)
     atomic_write_bytes(out / "report.md", render_markdown(report, [str(p) for p in plots], note).encode())
     atomic_write_json(report_path, report)  # last: its digest marks the evaluation complete
-    status.maybe_write(lambda: progress("succeeded"), force=True, durable=True)
+    if report["lossless"]:
+        status.maybe_write(lambda: progress("succeeded"), force=True, durable=True)
+    else:
+        lost = "speculative output differs from greedy decoding: see the log and results.jsonl"
+        status.maybe_write(lambda: progress("failed", lost), force=True, durable=True)
     line = headline(report)
     log.info(line)
     print(
