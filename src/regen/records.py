@@ -1,8 +1,9 @@
 """What each stage records in the run's artifacts directory on the controller (`regen_artifacts_dir`).
 
-One table, read by the end-of-run summary (`regen.summary`) and by the runner's artifact listing
-(`regen.runner.artifacts`), so neither guesses from file names what a stage produced. A role that
-records something new adds its pattern here; the paths are relative to the artifacts directory.
+One table, read by the end-of-run summary (`regen.summary`), the run manifest (`regen.provenance`) and
+the runner's artifact listing (`regen.runner.artifacts`), so none guesses from file names what a stage
+produced. A role that records something new adds its pattern here; the paths are relative to the
+artifacts directory.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ TOKENIZE_STATS = "tokenized/stats.json"  # tokenized_data (one generate host; el
 TOKENIZE_HISTOGRAM = "tokenized/length_histogram.png"
 TRAINING_STATUSES = "drafter/*/status.json"  # drafter_training: <host>/status.json
 TRAINING_CHECKPOINTS = "drafter/*/checkpoints.json"
+TRAINING_RUN_CONFIGS = "drafter/*/run.yaml"  # the SpecForge run config the trainer was started with
+EVALUATION_REPORT = "evaluate/report.json"  # drafter_evaluation: report.json, report.md and its PNGs
+EVALUATION_FILES = ("evaluate/report.md", "evaluate/*.png")
 
 RECORDS: dict[str, tuple[str, ...]] = {
     "provision": (ENVIRONMENT_MANIFESTS,),
@@ -30,7 +34,8 @@ RECORDS: dict[str, tuple[str, ...]] = {
         TOKENIZE_HISTOGRAM,
         "tokenized/*-length_histogram.png",
     ),
-    "train": (TRAINING_STATUSES, TRAINING_CHECKPOINTS),
+    "train": (TRAINING_STATUSES, TRAINING_CHECKPOINTS, TRAINING_RUN_CONFIGS),
+    "evaluate": (EVALUATION_REPORT, *EVALUATION_FILES),
 }
 
 

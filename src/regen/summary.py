@@ -162,7 +162,7 @@ def collect(artifacts: Path) -> list[tuple[str, str]]:
     training = _named(records.find(artifacts, records.TRAINING_STATUSES))
     if training:
         sections.append(("train", lambda: training_lines(training)))
-    evaluation = _load(artifacts / "evaluate" / "report.json")
+    evaluation = _load(artifacts / records.EVALUATION_REPORT)
     if evaluation is not None:
         sections.append(("evaluate", lambda: evaluation_lines(evaluation)))
     for stage, build in sections:

@@ -4,6 +4,7 @@
     regen facts [-i INVENTORY] [--json]                         introspect only; print the facts and plan
     regen status [RUN]                                          what the last runs did
     regen plan [-i INVENTORY] [--offline]                       what a full run would do; changes nothing
+    regen compare [RUN_A [RUN_B]]                               what changed between two runs
     regen stages                                                the stages this checkout has
 
 Exit codes (see :class:`regen.runner.ExitCode`): 0 ok, 1 error outside any task, 2 a task failed,

@@ -1,4 +1,4 @@
-"""The `regen` commands (run, facts, status, plan, stages) and `main`."""
+"""The `regen` commands (run, facts, status, plan, compare, stages) and `main`."""
 
 from __future__ import annotations
 
@@ -289,7 +289,35 @@ def cmd_stages(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "facts": cmd_facts, "status": cmd_status, "plan": cmd_plan, "stages": cmd_stages}
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    from regen import provenance
+
+    artifacts = Path(args.artifacts) if args.artifacts else find_project(args.project).root / "artifacts"
+    try:
+        a, b = provenance.compare_runs(artifacts, list(args.runs))
+    except provenance.ProvenanceError as exc:
+        raise BadInput(str(exc)) from None
+    if args.json:
+        changes = provenance.compare(a, b)
+        doc = {
+            "a": a.get("run_id"),
+            "b": b.get("run_id"),
+            "changes": {k: [list(r) for r in v] for k, v in changes.items()},
+        }
+        print(json.dumps(doc, indent=1, default=str))
+    else:
+        console.print(escape(provenance.render_comparison(a, b)))
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "facts": cmd_facts,
+    "status": cmd_status,
+    "plan": cmd_plan,
+    "compare": cmd_compare,
+    "stages": cmd_stages,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -195,6 +195,25 @@ def build_parser() -> argparse.ArgumentParser:
     p_plan.add_argument("--json", action="store_true", help="print JSON")
     _common(p_plan)
 
+    p_compare = sub.add_parser(
+        "compare",
+        help="what changed between two runs' manifests (inputs, settings, versions, results, timings)",
+    )
+    p_compare.add_argument(
+        "runs",
+        nargs="*",
+        metavar="RUN",
+        help="run ids under ARTIFACTS/runs (or unique prefixes, or manifest paths); none: the last two; "
+        "one: that run against the latest",
+    )
+    p_compare.add_argument(
+        "--artifacts",
+        metavar="DIR",
+        help="the artifacts directory (default: the checkout's artifacts/, the embedded default's)",
+    )
+    p_compare.add_argument("--json", action="store_true", help="print the changes as JSON")
+    _common(p_compare)
+
     p_stages = sub.add_parser("stages", help="list the stages of this checkout and their tags")
     p_stages.add_argument("--json", action="store_true", help="print JSON")
     _common(p_stages)
