@@ -120,3 +120,10 @@ def test_compare_says_what_is_missing(artifacts: Path, capsys) -> None:
     bogus.write_text("{}")
     with pytest.raises(provenance.ProvenanceError, match="is not a regen run manifest"):
         provenance.load(bogus)
+
+
+def test_the_run_view_shows_the_evaluation_headline(artifacts: Path, tmp_path: Path) -> None:
+    from regen.cli.views import evaluation_headlines
+
+    (lines,) = evaluation_headlines([artifacts, tmp_path / "nothing-here"])
+    assert lines.startswith("evaluation: acceptance length trained ") and "oracle 16.00" in lines

@@ -7,6 +7,7 @@ import os
 import queue
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
@@ -198,9 +199,28 @@ def print_summary(console: Console, result: RunResult) -> None:
                     f" (+{len(paths) - 3} more)" if len(paths) > 3 else ""
                 )
                 console.print(Text(f"  {name.replace('_', ' ')}: {shown}"))
+    for line in evaluation_headlines(artifacts.roots):
+        console.print(Text(line, style="bold"))
     if result.artifact_dir:
         console.print(Text(f"run record: {result.artifact_dir}", style="dim"))
     console.print(exit_line(result))
+
+
+def evaluation_headlines(roots: Sequence[Path]) -> list[str]:
+    """The evaluate stage's headline from each artifacts directory that holds a report."""
+    from regen import records
+    from regen.evaluate.report import headline
+    from regen.fsio import read_json_object
+
+    lines = []
+    for root in roots:
+        report = read_json_object(Path(root) / records.EVALUATION_REPORT)
+        if report is not None:
+            try:
+                lines.append(f"evaluation: {headline(report)}")
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                lines.append(f"evaluation: report unreadable ({exc.__class__.__name__}: {exc})")
+    return lines
 
 
 class LiveView:
