@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ansible.module_utils.regen_attention_backends import backend_for_facts
 from ansible.module_utils.regen_families import THINKING_SWITCHES, family_of
 
 GIB = 1024**3
@@ -31,6 +32,7 @@ PLAN_KEYS = {
         "fits",
         "mem_fraction_static",
         "kv_cache_tokens",
+        "attention_backend",
         "sglang_args",
     ),
     "generation": (
@@ -277,6 +279,7 @@ def plan_serving(arch, gpu, planner):
             else "one replica uses the GPUs"
         )
         section["dp_size"] = planner.pick("serving", "dp_size", dp_value, dp_reason)
+    section["attention_backend"] = _plan_attention_backend(arch, gpu, section["device"]["value"], planner)
     args = ["--tp-size", str(section["tp_size"]["value"])]
     if section["ep_size"]["value"] > 1:
         args += ["--ep-size", str(section["ep_size"]["value"])]
@@ -286,8 +289,41 @@ def plan_serving(arch, gpu, planner):
         args += ["--device", "cpu"]
     else:
         args += ["--mem-fraction-static", str(mem_fraction["value"])]
+    if section["attention_backend"]["value"]:
+        args += ["--attention-backend", str(section["attention_backend"]["value"])]
     section["sglang_args"] = planner.pick("serving", "sglang_args", args, "the values above as SGLang flags")
     return section
+
+
+def _plan_attention_backend(arch, gpu, device, planner):
+    """SGLang's --attention-backend from the backend table (module_utils/regen_attention_backends.py) for
+    the GPU's compute capability and the model's attention kind; null, with the reason, on CPU, on mixed
+    GPU generations or where no row covers the pair (SGLang then picks its own default at start-up)."""
+    capabilities = sorted({c for c in (gpu or {}).get("compute_capabilities") or [] if c})
+    if device == "cpu":
+        value, reason, derived = None, "no GPU: SGLang's GPU attention backends do not apply", None
+    elif len(capabilities) > 1:
+        value, derived = None, None
+        reason = (
+            f"GPUs of several compute capabilities ({', '.join(capabilities)}): no one backend fits all; "
+            "set sglang_server_attention_backend or serve on one GPU generation"
+        )
+    else:
+        derived = backend_for_facts(arch, gpu_capability=capabilities[0] if capabilities else None)
+        value, reason = derived["value"], derived["reason"]
+        if derived["row"]:
+            reason = f"{reason} (backend table row {derived['row']}, sources: {'; '.join(derived['source'])})"
+    entry = planner.pick("serving", "attention_backend", value, reason)
+    chosen = entry["value"]
+    avoid = (derived or {}).get("avoid") or {}
+    if chosen != value and chosen in avoid:
+        warning = (
+            f"model_facts_plan_overrides.serving.attention_backend={chosen}: the backend table advises "
+            f"against it on compute capability {derived['compute_capability']}: {avoid[chosen]}"
+        )
+        entry["reason"] += f"; warning: {avoid[chosen]}"
+        planner.warnings.append(warning)
+    return entry
 
 
 def plan_generation(arch, tokenizer, planner):

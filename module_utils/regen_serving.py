@@ -19,6 +19,7 @@ import json
 import os
 import re
 
+from ansible.module_utils.regen_attention_backends import backend_for_facts
 from ansible.module_utils.regen_families import family_of
 from ansible.module_utils.regen_plan import nested, plan_entry
 
@@ -30,6 +31,13 @@ ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manu
 MOE_A2A_BACKENDS = (
     "none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe", "deepep_v2",
     "ascend_tp", "pplx",
+)
+# SGLang 0.5.23 `--attention-backend` choices (arg_groups/choices.py ATTENTION_BACKEND_CHOICES).
+ATTENTION_BACKENDS = (
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
+    "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla",
+    "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
+    "ascend", "intel_xpu",
 )
 # Environment variable that carries the API key from the 0600 environment file into the router's argv
 # (systemd expands ${VAR} in ExecStart; the process supervisor does the same), so it is never written
@@ -57,6 +65,7 @@ _RENDERED_FLAGS = {
     "--attn-dp-size": "sglang_server_attn_dp_size",
     "--enable-dp-attention": "sglang_server_attn_dp_size",
     "--moe-a2a-backend": "sglang_server_moe_a2a_backend",
+    "--attention-backend": "sglang_server_attention_backend",
     "--reasoning-parser": "sglang_server_reasoning_parser",
     "--tool-call-parser": "sglang_server_tool_call_parser",
     "--context-length": "sglang_server_context_length",
@@ -206,7 +215,7 @@ def plan_server(spec):
       backend ("sglang"|"transformers"), name, model_path (required), python (required),
       facts (the model_facts document), overrides (dict: device, tp_size, ep_size, pp_size, dp_size,
       attn_dp_size,
-      moe_a2a_backend, reasoning_parser, tool_call_parser, context_length, mem_fraction_static,
+      moe_a2a_backend, attention_backend, reasoning_parser, tool_call_parser, context_length, mem_fraction_static,
       trust_remote_code, served_model_name, enable_metrics; None = take the plan),
       host, port, api_key_set (bool), secret_config_path (YAML file with the API key, SGLang --config),
       extra_args (list), env (dict), gpu_count (int or None = unknown), gpu_ids (list),
@@ -363,6 +372,7 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         raise ServingPlanError(
             f"moe_a2a_backend {a2a} needs expert parallelism, but ep_size is {ep}"
         )
+    attention_backend = _attention_backend(settings, device, warnings)
 
     # Fallback parsers for when the facts carry no generation plan: the model family's (the registry is
     # checked against SGLang's own choices by tests/unit/test_serving_argv.py).
@@ -396,6 +406,8 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         argv += ["--attn-dp-size", str(attn_dp)]
     if a2a != "none":
         argv += ["--moe-a2a-backend", a2a]
+    if attention_backend:
+        argv += ["--attention-backend", attention_backend]
     for key, flag in (("reasoning_parser", "--reasoning-parser"), ("tool_call_parser", "--tool-call-parser")):
         value = settings.table[key]["value"]
         if value:
@@ -445,6 +457,39 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         "nnodes": nnodes,
         "node_rank": node_rank,
     }
+
+
+def _attention_backend(settings, device, warnings):
+    """The inventory's backend, else the plan's (model_facts), else the backend table over the facts
+    (facts written before the plan named one); None leaves the flag off and SGLang picks at start-up."""
+    if device == "cpu":
+        fallback, why = None, "CPU: no GPU attention backend"
+        table = None
+    else:
+        table = backend_for_facts(settings.facts)
+        fallback, why = table["value"], table["reason"]
+        if table["row"]:
+            why = f"{why} (backend table row {table['row']})"
+    # A planned null is a decision (CPU, mixed GPU generations, no table row): keep it.
+    settings.pick("attention_backend", settings.serving, fallback=fallback, fallback_reason=why,
+                  keep_null=True)
+    entry = settings.table["attention_backend"]
+    value = entry["value"]
+    if value in (None, ""):
+        entry["value"] = None
+        return None
+    if value not in ATTENTION_BACKENDS:
+        raise ServingPlanError(
+            f"attention_backend {value!r} ({entry['source']}) is not one of SGLang {SGLANG_VERSION}'s "
+            f"--attention-backend choices: {', '.join(ATTENTION_BACKENDS)}; fix "
+            "sglang_server_attention_backend (or model_facts_plan_overrides.serving.attention_backend)"
+        )
+    if entry["source"] == "override":
+        table = table or backend_for_facts(settings.facts)
+        if value in (table.get("avoid") or {}):
+            entry["reason"] += f"; warning: {table['avoid'][value]}"
+            warnings.append(f"sglang_server_attention_backend={value}: {table['avoid'][value]}")
+    return value
 
 
 def _gpu_env(spec, settings, per_node):

@@ -247,3 +247,66 @@ def test_plan_module_without_architecture_only_checks_overrides(capsys: pytest.C
     assert result["plan"] is None and result["plan_values"] is None and not result.get("failed")
 
 
+
+
+# --- attention backend: named by the plan from the backend table (module_utils/regen_attention_backends.py)
+
+
+def _gpus_cc(count: int, name: str, mib: int) -> dict:
+    # Compute capability from the product name, as gpu_info does when nvidia-smi's table gives no column.
+    return _gpus(count, name=name, mib=mib)
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu_name", "mib", "backend", "row"),
+    [
+        ("kimi-k2.5", "NVIDIA RTX PRO 6000 Blackwell Server Edition", RTX_PRO_6000_MIB, "flashinfer", "sm120-mla"),
+        ("kimi-k2.5", "NVIDIA B200", 183359, "trtllm_mla", "sm100-mla"),
+        ("deepseek-v3", "NVIDIA H100 NVL", 95830, "fa3", "sm90-mla"),
+        ("qwen3-8b", "NVIDIA RTX PRO 6000 Blackwell Server Edition", RTX_PRO_6000_MIB, "flashinfer", "sm120-mha"),
+    ],
+)
+def test_the_plan_names_the_attention_backend_for_the_gpu_and_the_attention_kind(
+    model, gpu_name, mib, backend, row
+) -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / model)), None, _gpus_cc(8, gpu_name, mib))
+    entry = plan["serving"]["attention_backend"]
+    assert entry["value"] == backend
+    assert f"row {row}" in entry["reason"] and "sources:" in entry["reason"]
+    args = plan["serving"]["sglang_args"]["value"]
+    assert args[args.index("--attention-backend") + 1] == backend
+
+
+def test_sm120_mla_reason_says_why_not_trtllm_mla() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8))
+    reason = plan["serving"]["attention_backend"]["reason"]
+    assert "Unsupported architecture" in reason and "https://github.com/flashinfer-ai/flashinfer/issues/3263" in reason
+
+
+def test_no_attention_backend_on_cpu_and_the_reason_says_so() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, summarize([], reason="no GPU"))
+    entry = plan["serving"]["attention_backend"]
+    assert entry["value"] is None and "no GPU" in entry["reason"]
+    assert "--attention-backend" not in plan["serving"]["sglang_args"]["value"]
+
+
+def test_mixed_gpu_generations_name_no_backend() -> None:
+    from ansible.module_utils.regen_gpu import parse_query_csv
+
+    # A real host with a TITAN V (7.0) beside an RTX 5880 Ada (8.9).
+    smi = ROOT / "tests" / "fixtures" / "nvidia-smi" / "titanv-rtx5880-query.csv"
+    gpus = summarize(parse_query_csv(smi.read_text()))
+    assert gpus["compute_capabilities"] == ["7.0", "8.9"]
+    entry = make_plan(read_model_dir(str(FIXTURES / "qwen3-8b")), None, gpus)["serving"]["attention_backend"]
+    assert entry["value"] is None and "several compute capabilities" in entry["reason"]
+
+
+def test_attention_backend_override_wins_and_warns_against_an_avoided_backend() -> None:
+    arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
+    plan = make_plan(arch, None, _gpus(8), {"serving": {"attention_backend": "trtllm_mla"}})
+    entry = plan["serving"]["attention_backend"]
+    assert entry["value"] == "trtllm_mla" and entry["derived"] == "flashinfer"
+    assert "model_facts_plan_overrides.serving.attention_backend" in entry["reason"]
+    assert any("advises against" in w and "Unsupported architecture" in w for w in plan["warnings"])
+    quiet = make_plan(arch, None, _gpus(8), {"serving": {"attention_backend": "triton"}})
+    assert quiet["serving"]["attention_backend"]["value"] == "triton" and not quiet["warnings"]
