@@ -214,8 +214,8 @@ def plan_server(spec):
     `spec` keys (all optional unless noted):
       backend ("sglang"|"transformers"), name, model_path (required), python (required),
       facts (the model_facts document), overrides (dict: device, tp_size, ep_size, pp_size, dp_size,
-      attn_dp_size,
-      moe_a2a_backend, attention_backend, reasoning_parser, tool_call_parser, context_length, mem_fraction_static,
+      attn_dp_size, moe_a2a_backend, attention_backend, reasoning_parser, tool_call_parser,
+      context_length, mem_fraction_static,
       trust_remote_code, served_model_name, enable_metrics; None = take the plan),
       host, port, api_key_set (bool), secret_config_path (YAML file with the API key, SGLang --config),
       extra_args (list), env (dict), gpu_count (int or None = unknown), gpu_ids (list),

@@ -252,6 +252,9 @@ def test_plan_module_without_architecture_only_checks_overrides(capsys: pytest.C
 # --- attention backend: named by the plan from the backend table (module_utils/regen_attention_backends.py)
 
 
+RTX_PRO = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
 def _gpus_cc(count: int, name: str, mib: int) -> dict:
     # Compute capability from the product name, as gpu_info does when nvidia-smi's table gives no column.
     return _gpus(count, name=name, mib=mib)
@@ -260,10 +263,10 @@ def _gpus_cc(count: int, name: str, mib: int) -> dict:
 @pytest.mark.parametrize(
     ("model", "gpu_name", "mib", "backend", "row"),
     [
-        ("kimi-k2.5", "NVIDIA RTX PRO 6000 Blackwell Server Edition", RTX_PRO_6000_MIB, "flashinfer", "sm120-mla"),
+        ("kimi-k2.5", RTX_PRO, RTX_PRO_6000_MIB, "flashinfer", "sm120-mla"),
         ("kimi-k2.5", "NVIDIA B200", 183359, "trtllm_mla", "sm100-mla"),
         ("deepseek-v3", "NVIDIA H100 NVL", 95830, "fa3", "sm90-mla"),
-        ("qwen3-8b", "NVIDIA RTX PRO 6000 Blackwell Server Edition", RTX_PRO_6000_MIB, "flashinfer", "sm120-mha"),
+        ("qwen3-8b", RTX_PRO, RTX_PRO_6000_MIB, "flashinfer", "sm120-mha"),
     ],
 )
 def test_the_plan_names_the_attention_backend_for_the_gpu_and_the_attention_kind(
@@ -280,7 +283,8 @@ def test_the_plan_names_the_attention_backend_for_the_gpu_and_the_attention_kind
 def test_sm120_mla_reason_says_why_not_trtllm_mla() -> None:
     plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8))
     reason = plan["serving"]["attention_backend"]["reason"]
-    assert "Unsupported architecture" in reason and "https://github.com/flashinfer-ai/flashinfer/issues/3263" in reason
+    assert "Unsupported architecture" in reason
+    assert "https://github.com/flashinfer-ai/flashinfer/issues/3263" in reason
 
 
 def test_no_attention_backend_on_cpu_and_the_reason_says_so() -> None:
