@@ -120,8 +120,10 @@ def test_the_model_facts_plan_drives_the_launch_line():
     assert (_flag(argv, "--tp-size"), _flag(argv, "--ep-size")) == ("8", "8")
     assert _flag(argv, "--reasoning-parser") == _flag(argv, "--tool-call-parser") == "kimi_k2"
     assert _flag(argv, "--mem-fraction-static") == "0.85"
+    # MLA on sm_120: the backend table's FlashInfer, never TRT-LLM MLA (Unsupported architecture there).
+    assert _flag(argv, "--attention-backend") == "flashinfer"
     assert "--dp-size" not in argv and "--device" not in argv
     for key in ("tp_size", "ep_size", "dp_size", "device", "mem_fraction_static", "reasoning_parser",
-                "tool_call_parser"):
+                "tool_call_parser", "attention_backend"):
         assert plan["settings"][key]["source"] == "plan", key
     assert plan["env"]["NCCL_P2P_DISABLE"] == "1"
