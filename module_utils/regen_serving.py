@@ -39,9 +39,8 @@ ATTENTION_BACKENDS = (
     "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
     "ascend", "intel_xpu",
 )
-# Environment variable that carries the API key from the 0600 environment file into the router's argv
-# (systemd expands ${VAR} in ExecStart; the process supervisor does the same), so it is never written
-# in clear into a unit file.
+# Environment variable that carries the API key from the 0600 environment file into the router's
+# environment (systemd's EnvironmentFile=, the supervisor's --secret-env-file); ROUTER_LAUNCHER reads it.
 API_KEY_ENV = "REGEN_SERVING_API_KEY"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 PCIE_BLACKWELL_ENV = {"NCCL_P2P_DISABLE": "1"}
@@ -562,12 +561,42 @@ def _format_float(value):
 # --------------------------------------------------------------------------------------------------
 
 
+# sglang-router 0.3.2 takes its worker API key only as `--api-key VALUE` (RouterArgs; no environment
+# variable, no config file), where `ps` and /proc/PID/cmdline show it to every local user until the
+# router retitles itself. So a router with a key is started through the router's own Python entry
+# point (`parse_router_args` + `launch_router`, what `python -m sglang_router.launch_router` runs), with
+# `RouterArgs.api_key` filled from the process environment, which systemd's EnvironmentFile= or the
+# supervisor's --secret-env-file load from the 0600 file. /proc/PID/environ is readable by the owner only.
+ROUTER_LAUNCHER = (
+    "import os, sys; "
+    "from sglang_router.launch_router import launch_router, parse_router_args; "
+    f"key = os.environ.pop({API_KEY_ENV!r}, ''); "
+    f"key or sys.exit('regen: {API_KEY_ENV} is empty: the router reads its API key from the 0600 "
+    "environment file the sglang_server role writes; re-run the serve stage'); "
+    "args = parse_router_args(sys.argv[1:]); "
+    "args.api_key = key; "
+    "launch_router(args)"
+)
+# Router flags the role renders itself (router extra args must not repeat them).
+_ROUTER_RENDERED_FLAGS = {
+    "--worker-urls": "sglang_server_router_worker_urls",
+    "--policy": "sglang_server_router_policy",
+    "--host": "sglang_server_router_host",
+    "--port": "sglang_server_router_port",
+    "--api-key": "sglang_server_router_api_key",
+    "--prometheus-host": "sglang_server_router_metrics_host",
+    "--prometheus-port": "sglang_server_router_metrics_port",
+}
+
+
 def plan_router(spec):
     """Pure: the `sglang-router` launch plan in front of several servers.
 
     `spec`: python (required), worker_urls (list, >= 1), policy, host, port, api_key_set,
-    extra_args, env. The worker API key, when set, is passed as `--api-key ${REGEN_SERVING_API_KEY}`
-    and expanded from the 0600 environment file at start (by systemd or the process supervisor).
+    metrics_host, metrics_port (the router's Prometheus listener; sglang-router's own default is
+    0.0.0.0:29000, so it is always named), extra_args, env. With an API key the router is started by
+    ROUTER_LAUNCHER, which reads the key from REGEN_SERVING_API_KEY in its environment (loaded from the
+    0600 environment file at start by systemd or the process supervisor): it is never on the argv.
     """
     python = spec.get("python")
     if not python:
@@ -589,22 +618,55 @@ def plan_router(spec):
             f"sglang_server_router_policy must be one of {', '.join(ROUTER_POLICIES)}, got {policy!r}"
         )
     host, port, api_key_set = _listen_address(spec, 30100, "sglang_server_router")
-    argv = [python, "-m", "sglang_router.launch_router", "--worker-urls", *urls, "--policy", policy,
-            "--host", host, "--port", str(port)]
-    if api_key_set:
-        argv += ["--api-key", f"${{{API_KEY_ENV}}}"]
+    metrics_host = str(spec.get("metrics_host") or "127.0.0.1")
+    metrics_port = spec.get("metrics_port", 29000)
+    if isinstance(metrics_port, str) and metrics_port.isdigit():
+        metrics_port = int(metrics_port)
+    if not _is_int(metrics_port) or not 1 <= metrics_port <= 65535:
+        raise ServingPlanError(
+            f"sglang_server_router_metrics_port must be an integer in 1..65535, got {metrics_port!r}"
+        )
+    if metrics_port == port:
+        raise ServingPlanError(
+            f"the router's metrics listener and its API both ask for port {port}; set "
+            "sglang_server_router_metrics_port to another port"
+        )
+    warnings = []
+    if not is_loopback(metrics_host):
+        warnings.append(
+            f"the router's Prometheus metrics listen on {metrics_host}:{metrics_port} without "
+            "authentication (sglang_server_router_metrics_host); other machines can read them"
+        )
     extra = spec.get("extra_args") or []
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         raise ServingPlanError("sglang_server_router_extra_args must be a list of strings")
-    argv += extra
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in _ROUTER_RENDERED_FLAGS:
+            raise ServingPlanError(
+                f"sglang_server_router_extra_args contains {flag}, which the role renders itself; "
+                f"set {_ROUTER_RENDERED_FLAGS[flag]} instead"
+            )
+    args = ["--worker-urls", *urls, "--policy", policy, "--host", host, "--port", str(port),
+            "--prometheus-host", metrics_host, "--prometheus-port", str(metrics_port), *extra]
+    if api_key_set:
+        argv = [python, "-c", ROUTER_LAUNCHER, *args]
+        key_reason = (f"the worker API key reaches the router as {API_KEY_ENV} in its environment "
+                      "(0600 environment file), never on its command line")
+    else:
+        argv = [python, "-m", "sglang_router.launch_router", *args]
+        key_reason = "no API key"
     env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
     base = f"http://{url_host(host)}:{port}"
     return {
         "backend": "router",
         "argv": argv,
+        "router_args": args,
         "env": env,
         "host": host,
         "port": port,
+        "metrics_host": metrics_host,
+        "metrics_port": metrics_port,
         "serves_api": True,
         "endpoint": base,
         "api_base": base + "/v1",
@@ -614,8 +676,10 @@ def plan_router(spec):
         "config_hash": config_hash(argv, env),
         "command_line": shell_join(argv),
         "env_redacted": redact_env(env),
-        "explain": [f"worker_urls={' '.join(urls)}", f"policy={policy}"],
-        "warnings": [],
+        "explain": [f"worker_urls={' '.join(urls)}", f"policy={policy}",
+                    f"metrics={metrics_host}:{metrics_port} (sglang_server_router_metrics_host/_port)",
+                    f"api_key: {key_reason}"],
+        "warnings": warnings,
     }
 
 

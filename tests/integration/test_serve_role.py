@@ -308,3 +308,28 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
     # Router and server stopped, and each one's recorded state.
     assert failed == 0 and changed == 4, output[-5000:]
     assert not _alive(router_pid) and _nobody_listens(router_port) and _nobody_listens(port)
+
+
+def test_a_known_failure_in_the_server_log_is_named_with_its_fix(
+    tmp_path: Path, demo_model_dir: Path, teardown_after
+) -> None:
+    """Fault injection: the serving "python" is a stub that prints the real line of flashinfer issue 3263
+    (TRT-LLM MLA prefill on sm_120) and exits, as SGLang does there; the role's failure message must carry
+    the known-failures table's cause, its fix and the source."""
+    logs = json.loads((ROOT / "tests" / "fixtures" / "quality" / "server_logs.json").read_text())
+    line = next(e["line"] for e in logs if e["kind"] == "trtllm_mla_unsupported_arch")
+    stub = tmp_path / "fault-injection-server"
+    stub.write_text(f"#!/bin/sh\necho {json.dumps(line)} >&2\nexit 1\n")
+    stub.chmod(0o755)
+    inventory = _inventory(
+        tmp_path, demo_model_dir, _free_port(), regen_serving_python=str(stub),
+        sglang_server_ready_budget_s=120,
+    )
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1, output[-4000:]
+    assert "regen-serve-main is not ready: it exited during load" in output
+    assert "likely cause: the TRT-LLM MLA/FMHA kernels (attention backend trtllm_mla) do not run" in output
+    assert "what to do: serve with --attention-backend flashinfer" in output
+    assert "sglang_server_attention_backend" in output
+    assert "source: https://github.com/sgl-project/sglang/issues/24633" in output
+    assert "Unsupported architecture" in output

@@ -77,8 +77,8 @@ def _plan(case):
 
 
 def _args_after_module(argv):
-    # argv = [python, "-m", module, *args]
-    assert argv[1] == "-m"
+    # argv = [python, "-m", module, *args] or, for a router with an API key, [python, "-c", launcher, *args]
+    assert argv[1] in ("-m", "-c")
     return argv[3:]
 
 
@@ -90,9 +90,10 @@ def test_golden_lines_parse_and_mean_what_the_plan_says(sglang_parse, tmp_path):
         kind, spec = _plan(case)
         if kind == "router":
             plan = regen_serving.plan_router(spec)
-            # systemd (or the supervisor) expands ${REGEN_SERVING_API_KEY} from the 0600 env file.
-            args = [a.replace("${REGEN_SERVING_API_KEY}", "test-key-123")
-                    for a in _args_after_module(plan["argv"])]
+            # The launcher parses these args with the router's own parse_router_args, then sets
+            # RouterArgs.api_key from the environment (tests/unit/test_serving_router.py runs it for real).
+            args = _args_after_module(plan["argv"])
+            assert args == plan["router_args"]
         else:
             if spec.get("api_key_set"):
                 spec["secret_config_path"] = str(secret)
@@ -107,8 +108,9 @@ def test_golden_lines_parse_and_mean_what_the_plan_says(sglang_parse, tmp_path):
         if kind == "router":
             assert values["worker_urls"] == plan["worker_urls"]
             assert values["policy"] == plan["policy"]
-            assert values["api_key"] == "test-key-123"
+            assert values["api_key"] is None, "the key must not be on the router's command line"
             assert (values["host"], values["port"]) == (plan["host"], plan["port"])
+            assert (values["prometheus_host"], values["prometheus_port"]) == ("127.0.0.1", 29000)
             continue
         settings = {k: v["value"] for k, v in plan["settings"].items()}
         assert values["model_path"] == plan["argv"][plan["argv"].index("--model-path") + 1]

@@ -76,8 +76,14 @@ def test_api_key_travels_in_a_config_file_not_in_argv():
     assert "--api-key" not in plan["argv"]
     assert _flag(plan["argv"], "--config") == "/root/regen/serving/deepseek.secret.yaml"
     router = render("router-two-workers")
-    # The router has no config file: its key is a ${VAR} that systemd/the supervisor expand at start.
-    assert _flag(router["argv"], "--api-key") == "${REGEN_SERVING_API_KEY}"
+    # sglang-router 0.3.2 has no config file or environment variable for its key: the role's launcher
+    # (the router's own parse_router_args + launch_router) reads it from the environment instead.
+    assert "--api-key" not in router["argv"]
+    assert not any("REGEN_SERVING_API_KEY}" in a for a in router["argv"])
+    assert router["argv"][1:3] == ["-c", regen_serving.ROUTER_LAUNCHER]
+    assert "os.environ.pop('REGEN_SERVING_API_KEY'" in router["argv"][2]
+    assert (_flag(router["argv"], "--prometheus-host"), _flag(router["argv"], "--prometheus-port")) == (
+        "127.0.0.1", "29000")
 
 
 def test_two_node_ranks_differ_only_in_node_rank_and_rank0_serves_the_api():
