@@ -314,3 +314,58 @@ def test_attention_backend_override_wins_and_warns_against_an_avoided_backend() 
     assert any("advises against" in w and "Unsupported architecture" in w for w in plan["warnings"])
     quiet = make_plan(arch, None, _gpus(8), {"serving": {"attention_backend": "triton"}})
     assert quiet["serving"]["attention_backend"]["value"] == "triton" and not quiet["warnings"]
+
+
+# --- DP attention for MLA: the KV-capacity arithmetic both ways
+
+
+def _deepseek_on(name: str, mib: int, count: int = 8) -> dict:
+    return make_plan(read_model_dir(str(FIXTURES / "deepseek-v3")), None, _gpus(count, name=name, mib=mib))
+
+
+def test_dp_attention_is_planned_where_it_multiplies_the_mla_kv_capacity() -> None:
+    serving = _deepseek_on("NVIDIA B200", 183359)["serving"]  # B200's memory.total (nvidia-smi table)
+    capacity = serving["kv_capacity"]["value"]
+    plain, dp = capacity["without_attn_dp"], capacity["with_attn_dp"]
+    # Without DP attention the server holds one GPU's pool (the MLA latent is on every rank) ...
+    assert plain["tokens"] == plain["kv_pool_bytes_per_gpu"] // capacity["kv_bytes_per_token"]
+    # ... with it each rank holds its own requests, less the replicated attention weights.
+    assert dp["tokens"] == dp["tokens_per_rank"] * 8 and dp["attn_dp_size"] == 8
+    assert plain["kv_pool_bytes_per_gpu"] - dp["kv_pool_bytes_per_gpu"] == pytest.approx(
+        capacity["attention_weight_bytes"] * 7 / 8, rel=1e-6
+    )
+    assert dp["tokens"] >= 2 * plain["tokens"]
+    assert serving["attn_dp_size"]["value"] == 8
+    reason = serving["kv_capacity"]["reason"]
+    assert "without attention DP" in reason and "with --attn-dp-size 8" in reason
+    assert f"{plain['tokens']:,} tokens for the server" in reason and f"{dp['tokens']:,} in all" in reason
+    args = serving["sglang_args"]["value"]
+    assert args[args.index("--attn-dp-size") + 1] == "8" and "--dp-size" not in args
+
+
+def test_dp_attention_stays_off_where_replicated_attention_eats_the_pool() -> None:
+    # Kimi K2.5 INT4 on 8x RTX PRO 6000: ~11.5 GiB of bf16 attention weights on every rank would leave
+    # ~31k tokens per rank, under the 65,536 in flight the plan sizes for.
+    serving = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8))["serving"]
+    assert serving["attn_dp_size"]["value"] == 1
+    assert "each rank's pool would hold" in serving["attn_dp_size"]["reason"]
+    capacity = serving["kv_capacity"]["value"]
+    assert capacity["with_attn_dp"]["tokens_per_rank"] < 65536 < capacity["without_attn_dp"]["tokens"]
+    assert "--attn-dp-size" not in serving["sglang_args"]["value"]
+
+
+def test_dp_attention_is_off_on_cpu_and_for_dense_gqa_models() -> None:
+    cpu = make_plan(read_model_dir(str(FIXTURES / "deepseek-v3")), None, summarize([], reason="no GPU"))
+    attn_dp = cpu["serving"]["attn_dp_size"]
+    assert attn_dp["value"] == 1 and "no GPU" in attn_dp["reason"]
+    assert cpu["serving"]["kv_capacity"]["value"] is None
+    dense = make_plan(read_model_dir(str(FIXTURES / "llama-3.1-8b-instruct")), None, _gpus(8))["serving"]
+    assert dense["attn_dp_size"]["value"] == 1 and "not an MLA model" in dense["attn_dp_size"]["reason"]
+
+
+def test_dp_attention_override_reaches_the_plan() -> None:
+    arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
+    plan = make_plan(arch, None, _gpus(8), {"serving": {"attn_dp_size": 8}})
+    assert plan["serving"]["attn_dp_size"]["value"] == 8
+    assert "model_facts_plan_overrides.serving.attn_dp_size" in plan["serving"]["attn_dp_size"]["reason"]
+    assert "--attn-dp-size" in plan["serving"]["sglang_args"]["value"]
