@@ -462,16 +462,18 @@ def _attention_backend(settings, device, warnings):
     """The inventory's backend, else the plan's (model_facts), else the backend table over the facts
     (facts written before the plan named one); None leaves the flag off and SGLang picks at start-up."""
     if device == "cpu":
-        fallback, why = None, "CPU: no GPU attention backend"
+        # Only the inventory names a backend on CPU (e.g. intel_amx); the plan's is for its GPUs.
         table = None
+        settings.pick("attention_backend", fallback=None,
+                      fallback_reason="CPU: the plan's GPU attention backend does not apply")
     else:
         table = backend_for_facts(settings.facts)
         fallback, why = table["value"], table["reason"]
         if table["row"]:
             why = f"{why} (backend table row {table['row']})"
-    # A planned null is a decision (CPU, mixed GPU generations, no table row): keep it.
-    settings.pick("attention_backend", settings.serving, fallback=fallback, fallback_reason=why,
-                  keep_null=True)
+        # A planned null is a decision (mixed GPU generations, no table row): keep it.
+        settings.pick("attention_backend", settings.serving, fallback=fallback, fallback_reason=why,
+                      keep_null=True)
     entry = settings.table["attention_backend"]
     value = entry["value"]
     if value in (None, ""):

@@ -117,6 +117,7 @@ def test_golden_lines_parse_and_mean_what_the_plan_says(sglang_parse, tmp_path):
         for key in ("tp_size", "ep_size", "pp_size", "dp_size", "attn_dp_size"):
             assert values[key] == settings[key], (case, key)
         assert values["moe_a2a_backend"] == settings["moe_a2a_backend"]
+        assert values["attention_backend"] == settings["attention_backend"], case
         assert values["reasoning_parser"] == settings["reasoning_parser"]
         assert values["tool_call_parser"] == settings["tool_call_parser"]
         assert values["context_length"] == settings["context_length"]

@@ -61,6 +61,8 @@ def test_kimi_ep8_takes_parallelism_and_parsers_from_the_facts():
     assert (_flag(argv, "--tp-size"), _flag(argv, "--ep-size")) == ("8", "8")
     assert _flag(argv, "--reasoning-parser") == _flag(argv, "--tool-call-parser") == "kimi_k2"
     assert plan["settings"]["ep_size"]["source"] == "plan"
+    assert _flag(argv, "--attention-backend") == "flashinfer"  # sm_120 MLA: the table's row sm120-mla
+    assert plan["settings"]["attention_backend"]["source"] == "plan"
     assert plan["settings"]["context_length"]["source"] == "override"
     assert plan["endpoint"] == "http://127.0.0.1:30000"
     assert plan["readiness"] == {"method": "GET", "path": "/health_generate"}

@@ -284,7 +284,8 @@ def test_a_planned_null_leaves_the_flag_off():
 def test_facts_without_a_planned_backend_take_the_table():
     # Facts written before the plan named a backend: the table over the facts' attention kind and GPU.
     facts = json.loads(json.dumps(KIMI))
-    facts["architecture"]["attention"] = {"kind": "mla"}
+    del facts["plan"]["serving"]["attention_backend"]
+    assert facts["architecture"]["attention"]["kind"] == "mla"
     plan = rs.plan_server(_spec(facts=facts))
     assert _flag(plan["argv"], "--attention-backend") == "flashinfer"
     assert plan["settings"]["attention_backend"]["source"] == "default"
