@@ -165,3 +165,24 @@ def test_parser_choices_match_what_the_planner_assumes(sglang_parse):
            for (kind, args), r in zip(items, results, strict=True) if not r["ok"]]
     assert not bad, bad
     assert parsers  # the table is not empty
+
+
+def test_attention_backend_choices_are_the_pinned_releases():
+    # regen_serving.ATTENTION_BACKENDS (the plan's check) and the role's typed choices
+    # (meta/argument_specs.yml) must be exactly SGLang 0.5.23's --attention-backend choices.
+    import yaml
+
+    python = _venv_python()
+    code = (
+        "import json; from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES as c; "
+        "print(json.dumps(list(c)))"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=False, timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(regen_serving.ATTENTION_BACKENDS) == json.loads(proc.stdout.strip().splitlines()[-1])
+    specs = yaml.safe_load((ROOT / "roles" / "sglang_server" / "meta" / "argument_specs.yml").read_text())
+    choices = specs["argument_specs"]["main"]["options"]["sglang_server_attention_backend"]["choices"]
+    assert choices == ["", *regen_serving.ATTENTION_BACKENDS]
