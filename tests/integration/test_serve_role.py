@@ -361,3 +361,17 @@ def test_a_known_failure_in_the_server_log_is_named_with_its_fix(
     assert "sglang_server_attention_backend" in output
     assert "source: https://github.com/sgl-project/sglang/issues/24633" in output
     assert "Unsupported architecture" in output
+
+
+def test_typed_serving_settings_refuse_a_typo(tmp_path: Path, demo_model_dir: Path) -> None:
+    # meta/argument_specs.yml types the new settings: a typo fails at once, naming the variable.
+    inventory = _inventory(
+        tmp_path, demo_model_dir, _free_port(), sglang_server_attention_backend="flashinfer_mla"
+    )
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1
+    assert "sglang_server_attention_backend" in output and "flashinfer_mla" in output
+    inventory = _inventory(tmp_path, demo_model_dir, _free_port(), sglang_server_router_metrics_port="many")
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1 and "sglang_server_router_metrics_port" in output
+    assert not (tmp_path / "work" / "serving" / "main.pid").exists()
