@@ -265,7 +265,6 @@ def _gpus_cc(count: int, name: str, mib: int) -> dict:
     [
         ("kimi-k2.5", RTX_PRO, RTX_PRO_6000_MIB, "flashinfer", "sm120-mla"),
         ("kimi-k2.5", "NVIDIA B200", 183359, "trtllm_mla", "sm100-mla"),
-        ("deepseek-v3", "NVIDIA H100 NVL", 95830, "fa3", "sm90-mla"),
         ("qwen3-8b", RTX_PRO, RTX_PRO_6000_MIB, "flashinfer", "sm120-mha"),
     ],
 )
@@ -278,6 +277,19 @@ def test_the_plan_names_the_attention_backend_for_the_gpu_and_the_attention_kind
     assert f"row {row}" in entry["reason"] and "sources:" in entry["reason"]
     args = plan["serving"]["sglang_args"]["value"]
     assert args[args.index("--attention-backend") + 1] == backend
+
+
+def test_hopper_from_a_recorded_nvidia_smi_query_gets_fa3() -> None:
+    # The real H100 NVL query (name and PCI id only, no memory column): the backend needs only the
+    # compute capability, which gpu_info derives from the product name.
+    from ansible.module_utils.regen_gpu import parse_query_csv
+
+    smi = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h100nvl-query-noheader.csv"
+    gpus = summarize(parse_query_csv(smi.read_text(), fields=("name", "pci.device_id")))
+    assert gpus["compute_capabilities"] == ["9.0"]
+    plan = make_plan(read_model_dir(str(FIXTURES / "deepseek-v3")), None, gpus)
+    entry = plan["serving"]["attention_backend"]
+    assert entry["value"] == "fa3" and "row sm90-mla" in entry["reason"]
 
 
 def test_sm120_mla_reason_says_why_not_trtllm_mla() -> None:
