@@ -112,6 +112,16 @@ options:
     description: Router only; load-balancing policy.
     type: str
     default: cache_aware
+  metrics_host:
+    description:
+      - Router only; bind address of its Prometheus metrics (C(--prometheus-host)), which have no
+        authentication. sglang-router's own default is C(0.0.0.0).
+    type: str
+    default: 127.0.0.1
+  metrics_port:
+    description: Router only; port of its Prometheus metrics (C(--prometheus-port)).
+    type: int
+    default: 29000
 author:
   - regen project
 """
@@ -221,6 +231,8 @@ def main():
             "pcie_blackwell_environment": {"type": "dict"},
             "worker_urls": {"type": "list", "elements": "str", "default": []},
             "policy": {"type": "str", "default": "cache_aware"},
+            "metrics_host": {"type": "str", "default": "127.0.0.1"},
+            "metrics_port": {"type": "int", "default": 29000},
         },
         supports_check_mode=True,
     )
@@ -233,6 +245,7 @@ def main():
                 "python": p["python"], "worker_urls": p["worker_urls"], "policy": p["policy"],
                 "host": p["host"], "port": p["port"], "api_key_set": api_key_set,
                 "extra_args": p["extra_args"], "env": p["environment"],
+                "metrics_host": p["metrics_host"], "metrics_port": p["metrics_port"],
             })
         else:
             model_path = p["model_path"]

@@ -376,7 +376,8 @@ def estimate_parameters(arch):
     if moe is None:
         mlp_total = layers * 3 * hidden * dense_size
         total = embed + lm_head + attn_total + mlp_total
-        return {"total": total, "active": total, "note": "dense: every parameter is active"}
+        return {"total": total, "active": total, "attention_params": attn_total,
+                "note": "dense: every parameter is active"}
     expert = 3 * hidden * (moe["expert_intermediate_size"] or 0)
     moe_layers = moe["moe_layers"] if moe["moe_layers"] is not None else layers - moe["dense_prefix_layers"]
     dense_layers = layers - moe_layers
@@ -391,6 +392,8 @@ def estimate_parameters(arch):
         "total": common + routed_total,
         "active": common + routed_active,
         "routed_expert_params": routed_total,
+        # The plan's DP-attention arithmetic: attention weights are replicated on every attention-DP rank.
+        "attention_params": attn_total,
         "note": "estimate from shapes; norms, biases and MTP layers not counted",
     }
 

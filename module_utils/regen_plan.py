@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+from ansible.module_utils.regen_attention_backends import backend_for_facts
+from ansible.module_utils.regen_config import DTYPE_BYTES
 from ansible.module_utils.regen_families import THINKING_SWITCHES, family_of
 
 GIB = 1024**3
@@ -20,6 +22,8 @@ DEFAULTS = {
     "kv_cache_tokens": 65536,
     "num_draft_layers": 5,
     "block_size": 16,
+    # DP attention is planned only when it at least doubles the server's KV capacity (MLA on TP ranks).
+    "attn_dp_min_gain": 2.0,
 }
 
 PLAN_KEYS = {
@@ -31,6 +35,9 @@ PLAN_KEYS = {
         "fits",
         "mem_fraction_static",
         "kv_cache_tokens",
+        "attention_backend",
+        "attn_dp_size",
+        "kv_capacity",
         "sglang_args",
     ),
     "generation": (
@@ -210,6 +217,8 @@ def plan_serving(arch, gpu, planner):
         section["ep_size"] = planner.pick("serving", "ep_size", 1, "no GPU: nothing to spread experts over")
         section["dp_size"] = planner.pick("serving", "dp_size", 1, "no GPU: one replica")
         section["fits"] = planner.pick("serving", "fits", None, "no GPU memory to check against")
+        section["attn_dp_size"] = planner.pick("serving", "attn_dp_size", 1, "no GPU: attention DP off")
+        section["kv_capacity"] = planner.pick("serving", "kv_capacity", None, "no GPU memory to divide")
     else:
         per_gpu = gpu.get("memory_per_gpu_bytes") or 0
         usable = per_gpu * mem_fraction["value"]
@@ -277,17 +286,137 @@ def plan_serving(arch, gpu, planner):
             else "one replica uses the GPUs"
         )
         section["dp_size"] = planner.pick("serving", "dp_size", dp_value, dp_reason)
+        attn_dp, attn_dp_reason, capacity, capacity_reason = _attention_dp(
+            arch, per_gpu, mem_fraction["value"], kv_tokens["value"], tp_value, section["dp_size"]["value"],
+            section["fits"]["value"],
+        )
+        section["attn_dp_size"] = planner.pick("serving", "attn_dp_size", attn_dp, attn_dp_reason)
+        section["kv_capacity"] = planner.pick("serving", "kv_capacity", capacity, capacity_reason)
+    section["attention_backend"] = _plan_attention_backend(arch, gpu, section["device"]["value"], planner)
     args = ["--tp-size", str(section["tp_size"]["value"])]
     if section["ep_size"]["value"] > 1:
         args += ["--ep-size", str(section["ep_size"]["value"])]
     if section["dp_size"]["value"] > 1:
         args += ["--dp-size", str(section["dp_size"]["value"])]
+    if (section["attn_dp_size"]["value"] or 1) > 1:
+        # SGLang 0.5.23's flag (the old --dp-size N --enable-dp-attention pair is deprecated).
+        args += ["--attn-dp-size", str(section["attn_dp_size"]["value"])]
     if section["device"]["value"] == "cpu":
         args += ["--device", "cpu"]
     else:
         args += ["--mem-fraction-static", str(mem_fraction["value"])]
+    if section["attention_backend"]["value"]:
+        args += ["--attention-backend", str(section["attention_backend"]["value"])]
     section["sglang_args"] = planner.pick("serving", "sglang_args", args, "the values above as SGLang flags")
     return section
+
+
+def _attention_weight_bytes(arch):
+    """Bytes of the attention weights (replicated on every attention-DP rank); None when unknown."""
+    params = (arch.get("parameters") or {}).get("attention_params")
+    if not params:
+        return None
+    dtype_bytes = DTYPE_BYTES.get((arch.get("dtype") or "bfloat16").lower(), 2)
+    quant = arch.get("quantization") or {}
+    # Kimi/DeepSeek INT4 checkpoints keep attention in bf16 (it is in the ignore list); FP8 block
+    # quantization covers it.
+    if quant.get("bits") and "attn" not in " ".join(quant.get("ignores") or []):
+        return int(params * quant["bits"] / 8)
+    return int(params * dtype_bytes)
+
+
+def _tokens(count):
+    return f"{count:,}"
+
+
+def _attention_dp(arch, per_gpu, mem_fraction, kv_tokens, tp, dp, fits):
+    """(attn_dp_size, reason, kv_capacity, reason): DP attention for MLA, with the KV arithmetic both ways.
+
+    Without it every TP rank keeps the whole MLA latent cache of every request (the latent is not
+    split by heads), so the server holds what one GPU's pool holds. With --attn-dp-size = TP each rank
+    runs attention for its own requests: the pools add up, but the attention weights are replicated
+    on every rank instead of split, which takes from each pool.
+    """
+    attention = arch.get("attention") or {}
+    per_token = arch.get("kv_cache_bytes_per_token")
+    weights = arch.get("weight_bytes")
+    if attention.get("kind") != "mla":
+        return 1, "not an MLA model: its KV cache is already split over the TP ranks by heads", None, (
+            "KV split by heads over TP ranks")
+    if tp <= 1:
+        return 1, "one GPU per replica: no TP group to split attention over", None, "a single rank"
+    attn_bytes = _attention_weight_bytes(arch)
+    if not (per_token and weights and per_gpu and attn_bytes):
+        return 1, "KV bytes per token, weight or attention-weight size unknown: attention DP off", None, (
+            "not computable from these facts")
+    usable = per_gpu * mem_fraction
+    pool = usable - weights / tp
+    pool_dp = usable - (weights - attn_bytes) / tp - attn_bytes
+    plain = max(0, int(pool // per_token))
+    per_rank = max(0, int(pool_dp // per_token))
+    capacity = {
+        "kv_bytes_per_token": per_token,
+        "attention_weight_bytes": attn_bytes,
+        "without_attn_dp": {"kv_pool_bytes_per_gpu": int(max(pool, 0)), "tokens": plain},
+        "with_attn_dp": {"attn_dp_size": tp, "kv_pool_bytes_per_gpu": int(max(pool_dp, 0)),
+                         "tokens_per_rank": per_rank, "tokens": per_rank * tp},
+    }
+    gain = (per_rank * tp / plain) if plain else None
+    weights_dp = (weights - attn_bytes) / tp + attn_bytes
+    arithmetic = (
+        f"without attention DP every one of the {tp} TP ranks keeps the whole MLA cache: "
+        f"({_gib(usable)} usable - {_gib(weights / tp)} weights) / {per_token} B per token = "
+        f"{_tokens(plain)} tokens for the server; with --attn-dp-size {tp} the attention weights "
+        f"({_gib(attn_bytes)}) sit on every rank: ({_gib(usable)} - {_gib(weights_dp)}) / {per_token} B = "
+        f"{_tokens(per_rank)} tokens per rank, {_tokens(per_rank * tp)} in all"
+        + (f" ({gain:.1f}x)" if gain else "")
+    )
+    if dp > 1:
+        return 1, (f"{dp} whole replicas already (--dp-size): SGLang 0.5.23 does not combine them with "
+                   "--attn-dp-size"), capacity, arithmetic
+    if not fits:
+        why = "the weights do not fit at this TP size: no room to replicate attention"
+        return 1, why, capacity, arithmetic
+    if per_rank < kv_tokens:
+        return 1, (f"attention DP off: each rank's pool would hold {_tokens(per_rank)} tokens, under the "
+                   f"{_tokens(kv_tokens)} tokens in flight the plan sizes for"), capacity, arithmetic
+    if gain is None or gain < DEFAULTS["attn_dp_min_gain"]:
+        return 1, (f"attention DP off: it would multiply KV capacity by only {gain or 0:.1f}x "
+                   f"(planned from {DEFAULTS['attn_dp_min_gain']:.0f}x), not worth replicating attention"), (
+            capacity), arithmetic
+    return tp, (f"MLA over TP{tp}: attention DP multiplies the KV capacity by {gain:.1f}x for the "
+                "throughput-bound generation job"), capacity, arithmetic
+
+
+def _plan_attention_backend(arch, gpu, device, planner):
+    """SGLang's --attention-backend from the backend table (module_utils/regen_attention_backends.py) for
+    the GPU's compute capability and the model's attention kind; null, with the reason, on CPU, on mixed
+    GPU generations or where no row covers the pair (SGLang then picks its own default at start-up)."""
+    capabilities = sorted({c for c in (gpu or {}).get("compute_capabilities") or [] if c})
+    if device == "cpu":
+        value, reason, derived = None, "no GPU: SGLang's GPU attention backends do not apply", None
+    elif len(capabilities) > 1:
+        value, derived = None, None
+        reason = (
+            f"GPUs of several compute capabilities ({', '.join(capabilities)}): no one backend fits all; "
+            "set sglang_server_attention_backend or serve on one GPU generation"
+        )
+    else:
+        derived = backend_for_facts(arch, gpu_capability=capabilities[0] if capabilities else None)
+        value, reason = derived["value"], derived["reason"]
+        if derived["row"]:
+            reason = f"{reason} (backend table row {derived['row']}, sources: {'; '.join(derived['source'])})"
+    entry = planner.pick("serving", "attention_backend", value, reason)
+    chosen = entry["value"]
+    avoid = (derived or {}).get("avoid") or {}
+    if chosen != value and chosen in avoid:
+        warning = (
+            f"model_facts_plan_overrides.serving.attention_backend={chosen}: the backend table advises "
+            f"against it on compute capability {derived['compute_capability']}: {avoid[chosen]}"
+        )
+        entry["reason"] += f"; warning: {avoid[chosen]}"
+        planner.warnings.append(warning)
+    return entry
 
 
 def plan_generation(arch, tokenizer, planner):

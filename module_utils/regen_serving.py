@@ -19,6 +19,7 @@ import json
 import os
 import re
 
+from ansible.module_utils.regen_attention_backends import backend_for_facts
 from ansible.module_utils.regen_families import family_of
 from ansible.module_utils.regen_plan import nested, plan_entry
 
@@ -31,9 +32,15 @@ MOE_A2A_BACKENDS = (
     "none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe", "deepep_v2",
     "ascend_tp", "pplx",
 )
-# Environment variable that carries the API key from the 0600 environment file into the router's argv
-# (systemd expands ${VAR} in ExecStart; the process supervisor does the same), so it is never written
-# in clear into a unit file.
+# SGLang 0.5.23 `--attention-backend` choices (arg_groups/choices.py ATTENTION_BACKEND_CHOICES).
+ATTENTION_BACKENDS = (
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
+    "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla",
+    "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
+    "ascend", "intel_xpu",
+)
+# Environment variable that carries the API key from the 0600 environment file into the router's
+# environment (systemd's EnvironmentFile=, the supervisor's --secret-env-file); ROUTER_LAUNCHER reads it.
 API_KEY_ENV = "REGEN_SERVING_API_KEY"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 PCIE_BLACKWELL_ENV = {"NCCL_P2P_DISABLE": "1"}
@@ -57,6 +64,7 @@ _RENDERED_FLAGS = {
     "--attn-dp-size": "sglang_server_attn_dp_size",
     "--enable-dp-attention": "sglang_server_attn_dp_size",
     "--moe-a2a-backend": "sglang_server_moe_a2a_backend",
+    "--attention-backend": "sglang_server_attention_backend",
     "--reasoning-parser": "sglang_server_reasoning_parser",
     "--tool-call-parser": "sglang_server_tool_call_parser",
     "--context-length": "sglang_server_context_length",
@@ -205,8 +213,8 @@ def plan_server(spec):
     `spec` keys (all optional unless noted):
       backend ("sglang"|"transformers"), name, model_path (required), python (required),
       facts (the model_facts document), overrides (dict: device, tp_size, ep_size, pp_size, dp_size,
-      attn_dp_size,
-      moe_a2a_backend, reasoning_parser, tool_call_parser, context_length, mem_fraction_static,
+      attn_dp_size, moe_a2a_backend, attention_backend, reasoning_parser, tool_call_parser,
+      context_length, mem_fraction_static,
       trust_remote_code, served_model_name, enable_metrics; None = take the plan),
       host, port, api_key_set (bool), secret_config_path (YAML file with the API key, SGLang --config),
       extra_args (list), env (dict), gpu_count (int or None = unknown), gpu_ids (list),
@@ -363,6 +371,7 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         raise ServingPlanError(
             f"moe_a2a_backend {a2a} needs expert parallelism, but ep_size is {ep}"
         )
+    attention_backend = _attention_backend(settings, device, warnings)
 
     # Fallback parsers for when the facts carry no generation plan: the model family's (the registry is
     # checked against SGLang's own choices by tests/unit/test_serving_argv.py).
@@ -396,6 +405,8 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         argv += ["--attn-dp-size", str(attn_dp)]
     if a2a != "none":
         argv += ["--moe-a2a-backend", a2a]
+    if attention_backend:
+        argv += ["--attention-backend", attention_backend]
     for key, flag in (("reasoning_parser", "--reasoning-parser"), ("tool_call_parser", "--tool-call-parser")):
         value = settings.table[key]["value"]
         if value:
@@ -445,6 +456,41 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         "nnodes": nnodes,
         "node_rank": node_rank,
     }
+
+
+def _attention_backend(settings, device, warnings):
+    """The inventory's backend, else the plan's (model_facts), else the backend table over the facts
+    (facts written before the plan named one); None leaves the flag off and SGLang picks at start-up."""
+    if device == "cpu":
+        # Only the inventory names a backend on CPU (e.g. intel_amx); the plan's is for its GPUs.
+        table = None
+        settings.pick("attention_backend", fallback=None,
+                      fallback_reason="CPU: the plan's GPU attention backend does not apply")
+    else:
+        table = backend_for_facts(settings.facts)
+        fallback, why = table["value"], table["reason"]
+        if table["row"]:
+            why = f"{why} (backend table row {table['row']})"
+        # A planned null is a decision (mixed GPU generations, no table row): keep it.
+        settings.pick("attention_backend", settings.serving, fallback=fallback, fallback_reason=why,
+                      keep_null=True)
+    entry = settings.table["attention_backend"]
+    value = entry["value"]
+    if value in (None, ""):
+        entry["value"] = None
+        return None
+    if value not in ATTENTION_BACKENDS:
+        raise ServingPlanError(
+            f"attention_backend {value!r} ({entry['source']}) is not one of SGLang {SGLANG_VERSION}'s "
+            f"--attention-backend choices: {', '.join(ATTENTION_BACKENDS)}; fix "
+            "sglang_server_attention_backend (or model_facts_plan_overrides.serving.attention_backend)"
+        )
+    if entry["source"] == "override":
+        table = table or backend_for_facts(settings.facts)
+        if value in (table.get("avoid") or {}):
+            entry["reason"] += f"; warning: {table['avoid'][value]}"
+            warnings.append(f"sglang_server_attention_backend={value}: {table['avoid'][value]}")
+    return value
 
 
 def _gpu_env(spec, settings, per_node):
@@ -517,12 +563,42 @@ def _format_float(value):
 # --------------------------------------------------------------------------------------------------
 
 
+# sglang-router 0.3.2 takes its worker API key only as `--api-key VALUE` (RouterArgs; no environment
+# variable, no config file), where `ps` and /proc/PID/cmdline show it to every local user until the
+# router retitles itself. So a router with a key is started through the router's own Python entry
+# point (`parse_router_args` + `launch_router`, what `python -m sglang_router.launch_router` runs), with
+# `RouterArgs.api_key` filled from the process environment, which systemd's EnvironmentFile= or the
+# supervisor's --secret-env-file load from the 0600 file. /proc/PID/environ is readable by the owner only.
+ROUTER_LAUNCHER = (
+    "import os, sys; "
+    "from sglang_router.launch_router import launch_router, parse_router_args; "
+    f"key = os.environ.pop({API_KEY_ENV!r}, ''); "
+    f"key or sys.exit('regen: {API_KEY_ENV} is empty: the router reads its API key from the 0600 "
+    "environment file the sglang_server role writes; re-run the serve stage'); "
+    "args = parse_router_args(sys.argv[1:]); "
+    "args.api_key = key; "
+    "launch_router(args)"
+)
+# Router flags the role renders itself (router extra args must not repeat them).
+_ROUTER_RENDERED_FLAGS = {
+    "--worker-urls": "sglang_server_router_worker_urls",
+    "--policy": "sglang_server_router_policy",
+    "--host": "sglang_server_router_host",
+    "--port": "sglang_server_router_port",
+    "--api-key": "sglang_server_router_api_key",
+    "--prometheus-host": "sglang_server_router_metrics_host",
+    "--prometheus-port": "sglang_server_router_metrics_port",
+}
+
+
 def plan_router(spec):
     """Pure: the `sglang-router` launch plan in front of several servers.
 
     `spec`: python (required), worker_urls (list, >= 1), policy, host, port, api_key_set,
-    extra_args, env. The worker API key, when set, is passed as `--api-key ${REGEN_SERVING_API_KEY}`
-    and expanded from the 0600 environment file at start (by systemd or the process supervisor).
+    metrics_host, metrics_port (the router's Prometheus listener; sglang-router's own default is
+    0.0.0.0:29000, so it is always named), extra_args, env. With an API key the router is started by
+    ROUTER_LAUNCHER, which reads the key from REGEN_SERVING_API_KEY in its environment (loaded from the
+    0600 environment file at start by systemd or the process supervisor): it is never on the argv.
     """
     python = spec.get("python")
     if not python:
@@ -544,22 +620,55 @@ def plan_router(spec):
             f"sglang_server_router_policy must be one of {', '.join(ROUTER_POLICIES)}, got {policy!r}"
         )
     host, port, api_key_set = _listen_address(spec, 30100, "sglang_server_router")
-    argv = [python, "-m", "sglang_router.launch_router", "--worker-urls", *urls, "--policy", policy,
-            "--host", host, "--port", str(port)]
-    if api_key_set:
-        argv += ["--api-key", f"${{{API_KEY_ENV}}}"]
+    metrics_host = str(spec.get("metrics_host") or "127.0.0.1")
+    metrics_port = spec.get("metrics_port", 29000)
+    if isinstance(metrics_port, str) and metrics_port.isdigit():
+        metrics_port = int(metrics_port)
+    if not _is_int(metrics_port) or not 1 <= metrics_port <= 65535:
+        raise ServingPlanError(
+            f"sglang_server_router_metrics_port must be an integer in 1..65535, got {metrics_port!r}"
+        )
+    if metrics_port == port:
+        raise ServingPlanError(
+            f"the router's metrics listener and its API both ask for port {port}; set "
+            "sglang_server_router_metrics_port to another port"
+        )
+    warnings = []
+    if not is_loopback(metrics_host):
+        warnings.append(
+            f"the router's Prometheus metrics listen on {metrics_host}:{metrics_port} without "
+            "authentication (sglang_server_router_metrics_host); other machines can read them"
+        )
     extra = spec.get("extra_args") or []
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         raise ServingPlanError("sglang_server_router_extra_args must be a list of strings")
-    argv += extra
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in _ROUTER_RENDERED_FLAGS:
+            raise ServingPlanError(
+                f"sglang_server_router_extra_args contains {flag}, which the role renders itself; "
+                f"set {_ROUTER_RENDERED_FLAGS[flag]} instead"
+            )
+    args = ["--worker-urls", *urls, "--policy", policy, "--host", host, "--port", str(port),
+            "--prometheus-host", metrics_host, "--prometheus-port", str(metrics_port), *extra]
+    if api_key_set:
+        argv = [python, "-c", ROUTER_LAUNCHER, *args]
+        key_reason = (f"the worker API key reaches the router as {API_KEY_ENV} in its environment "
+                      "(0600 environment file), never on its command line")
+    else:
+        argv = [python, "-m", "sglang_router.launch_router", *args]
+        key_reason = "no API key"
     env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
     base = f"http://{url_host(host)}:{port}"
     return {
         "backend": "router",
         "argv": argv,
+        "router_args": args,
         "env": env,
         "host": host,
         "port": port,
+        "metrics_host": metrics_host,
+        "metrics_port": metrics_port,
         "serves_api": True,
         "endpoint": base,
         "api_base": base + "/v1",
@@ -569,8 +678,10 @@ def plan_router(spec):
         "config_hash": config_hash(argv, env),
         "command_line": shell_join(argv),
         "env_redacted": redact_env(env),
-        "explain": [f"worker_urls={' '.join(urls)}", f"policy={policy}"],
-        "warnings": [],
+        "explain": [f"worker_urls={' '.join(urls)}", f"policy={policy}",
+                    f"metrics={metrics_host}:{metrics_port} (sglang_server_router_metrics_host/_port)",
+                    f"api_key: {key_reason}"],
+        "warnings": warnings,
     }
 
 

@@ -260,7 +260,13 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
     """A real sglang-router 0.3.2 process (from the throwaway venv of test_serving_argv.py) started by the
     role's router entry point in front of the demo server: it must come up on /health, route /v1/models to
     the worker, stay untouched on a second run, and stop on teardown. (It cannot route a chat completion
-    to `transformers serve`: the router adds SGLang-only request fields that transformers rejects.)"""
+    to `transformers serve`: the router adds SGLang-only request fields that transformers rejects.)
+
+    With a router API key (the CPU server itself takes none), the key must not be on the router's command
+    line (/proc/PID/cmdline, what `ps` shows) but in its environment from a 0600 file, and every socket
+    the router listens on, its Prometheus metrics included, must bind loopback."""
+    import psutil
+
     sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "serving"))
     from sglang_venv import VenvError, sglang_venv_python
 
@@ -268,7 +274,8 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
         router_python = sglang_venv_python()
     except VenvError as exc:
         pytest.fail(str(exc))
-    port, router_port = _free_port(), _free_port()
+    port, router_port, metrics_port = _free_port(), _free_port(), _free_port()
+    key = "router-e2e-key-8c2d"
     inventory = _inventory(
         tmp_path,
         demo_model_dir,
@@ -277,16 +284,19 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
         sglang_server_router_python=str(router_python),
         sglang_server_router_port=router_port,
         sglang_server_router_policy="round_robin",
+        sglang_server_router_api_key=key,
+        sglang_server_router_metrics_port=metrics_port,
     )
     state = tmp_path / "work" / "serving"
     output, (_, changed, _, failed) = _play(inventory, "serve.yml")
     assert failed == 0, output[-5000:]
+    assert key not in output
     assert "regen-serve-router: started" in output
     assert re.search(r"router: ready after \d+s \(HTTP 200\)", output), output[-3000:]
     launch = json.loads((tmp_path / "artifacts" / "serving" / "localhost-router" / "launch.json").read_text())
-    assert launch["argv"][1:] == [
-        "-m",
-        "sglang_router.launch_router",
+    assert key not in json.dumps(launch)
+    assert launch["argv"][1] == "-c" and "parse_router_args" in launch["argv"][2]
+    assert launch["argv"][3:] == [
         "--worker-urls",
         f"http://127.0.0.1:{port}",
         "--policy",
@@ -295,10 +305,27 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
         "127.0.0.1",
         "--port",
         str(router_port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(metrics_port),
     ]
     with urllib.request.urlopen(f"http://127.0.0.1:{router_port}/v1/models", timeout=30) as response:
         assert response.status == 200 and json.loads(response.read())["data"]
     router_pid = int((state / "router.pid").read_text())
+    assert (state / "router.env").stat().st_mode & 0o777 == 0o600
+    processes = [psutil.Process(router_pid), *psutil.Process(router_pid).children(recursive=True)]
+    for proc in processes:
+        assert key not in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode("utf-8", "replace")
+    assert key in Path(f"/proc/{router_pid}/environ").read_bytes().decode("utf-8", "replace")
+    listening = {
+        (conn.laddr.ip, conn.laddr.port)
+        for proc in processes
+        for conn in proc.net_connections(kind="inet")
+        if conn.status == psutil.CONN_LISTEN
+    }
+    assert {("127.0.0.1", router_port), ("127.0.0.1", metrics_port)} <= listening, listening
+    assert all(ip in ("127.0.0.1", "::1") for ip, _ in listening), listening
 
     output, (_, changed, _, failed) = _play(inventory, "serve.yml")
     assert (changed, failed) == (0, 0), output[-5000:]
@@ -308,3 +335,43 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
     # Router and server stopped, and each one's recorded state.
     assert failed == 0 and changed == 4, output[-5000:]
     assert not _alive(router_pid) and _nobody_listens(router_port) and _nobody_listens(port)
+    assert _nobody_listens(metrics_port)
+
+
+def test_a_known_failure_in_the_server_log_is_named_with_its_fix(
+    tmp_path: Path, demo_model_dir: Path, teardown_after
+) -> None:
+    """Fault injection: the serving "python" is a stub that prints the real line of flashinfer issue 3263
+    (TRT-LLM MLA prefill on sm_120) and exits, as SGLang does there; the role's failure message must carry
+    the known-failures table's cause, its fix and the source."""
+    logs = json.loads((ROOT / "tests" / "fixtures" / "quality" / "server_logs.json").read_text())
+    line = next(e["line"] for e in logs if e["kind"] == "trtllm_mla_unsupported_arch")
+    stub = tmp_path / "fault-injection-server"
+    stub.write_text(f"#!/bin/sh\necho {json.dumps(line)} >&2\nexit 1\n")
+    stub.chmod(0o755)
+    inventory = _inventory(
+        tmp_path, demo_model_dir, _free_port(), regen_serving_python=str(stub),
+        sglang_server_ready_budget_s=120,
+    )
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1, output[-4000:]
+    assert "regen-serve-main is not ready: it exited during load" in output
+    assert "likely cause: the TRT-LLM MLA/FMHA kernels (attention backend trtllm_mla) do not run" in output
+    assert "what to do: serve with --attention-backend flashinfer" in output
+    assert "sglang_server_attention_backend" in output
+    assert "source: https://github.com/sgl-project/sglang/issues/24633" in output
+    assert "Unsupported architecture" in output
+
+
+def test_typed_serving_settings_refuse_a_typo(tmp_path: Path, demo_model_dir: Path) -> None:
+    # meta/argument_specs.yml types the new settings: a typo fails at once, naming the variable.
+    inventory = _inventory(
+        tmp_path, demo_model_dir, _free_port(), sglang_server_attention_backend="flashinfer_mla"
+    )
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1
+    assert "sglang_server_attention_backend" in output and "flashinfer_mla" in output
+    inventory = _inventory(tmp_path, demo_model_dir, _free_port(), sglang_server_router_metrics_port="many")
+    output, (_, _, _, failed) = _play(inventory, "serve.yml")
+    assert failed == 1 and "sglang_server_router_metrics_port" in output
+    assert not (tmp_path / "work" / "serving" / "main.pid").exists()

@@ -247,3 +247,137 @@ def test_plan_module_without_architecture_only_checks_overrides(capsys: pytest.C
     assert result["plan"] is None and result["plan_values"] is None and not result.get("failed")
 
 
+
+
+# --- attention backend: named by the plan from the backend table (module_utils/regen_attention_backends.py)
+
+
+RTX_PRO = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+def _gpus_cc(count: int, name: str, mib: int) -> dict:
+    # Compute capability from the product name, as gpu_info does when nvidia-smi's table gives no column.
+    return _gpus(count, name=name, mib=mib)
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu_name", "mib", "backend", "row"),
+    [
+        ("kimi-k2.5", RTX_PRO, RTX_PRO_6000_MIB, "flashinfer", "sm120-mla"),
+        ("kimi-k2.5", "NVIDIA B200", 183359, "trtllm_mla", "sm100-mla"),
+        ("qwen3-8b", RTX_PRO, RTX_PRO_6000_MIB, "flashinfer", "sm120-mha"),
+    ],
+)
+def test_the_plan_names_the_attention_backend_for_the_gpu_and_the_attention_kind(
+    model, gpu_name, mib, backend, row
+) -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / model)), None, _gpus_cc(8, gpu_name, mib))
+    entry = plan["serving"]["attention_backend"]
+    assert entry["value"] == backend
+    assert f"row {row}" in entry["reason"] and "sources:" in entry["reason"]
+    args = plan["serving"]["sglang_args"]["value"]
+    assert args[args.index("--attention-backend") + 1] == backend
+
+
+def test_hopper_from_a_recorded_nvidia_smi_query_gets_fa3() -> None:
+    # The real H100 NVL query (name and PCI id only, no memory column): the backend needs only the
+    # compute capability, which gpu_info derives from the product name.
+    from ansible.module_utils.regen_gpu import parse_query_csv
+
+    smi = ROOT / "tests" / "fixtures" / "nvidia-smi" / "h100nvl-query-noheader.csv"
+    gpus = summarize(parse_query_csv(smi.read_text(), fields=("name", "pci.device_id")))
+    assert gpus["compute_capabilities"] == ["9.0"]
+    plan = make_plan(read_model_dir(str(FIXTURES / "deepseek-v3")), None, gpus)
+    entry = plan["serving"]["attention_backend"]
+    assert entry["value"] == "fa3" and "row sm90-mla" in entry["reason"]
+
+
+def test_sm120_mla_reason_says_why_not_trtllm_mla() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8))
+    reason = plan["serving"]["attention_backend"]["reason"]
+    assert "Unsupported architecture" in reason
+    assert "https://github.com/flashinfer-ai/flashinfer/issues/3263" in reason
+
+
+def test_no_attention_backend_on_cpu_and_the_reason_says_so() -> None:
+    plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, summarize([], reason="no GPU"))
+    entry = plan["serving"]["attention_backend"]
+    assert entry["value"] is None and "no GPU" in entry["reason"]
+    assert "--attention-backend" not in plan["serving"]["sglang_args"]["value"]
+
+
+def test_mixed_gpu_generations_name_no_backend() -> None:
+    from ansible.module_utils.regen_gpu import parse_query_csv
+
+    # A real host with a TITAN V (7.0) beside an RTX 5880 Ada (8.9).
+    smi = ROOT / "tests" / "fixtures" / "nvidia-smi" / "titanv-rtx5880-query.csv"
+    gpus = summarize(parse_query_csv(smi.read_text()))
+    assert gpus["compute_capabilities"] == ["7.0", "8.9"]
+    entry = make_plan(read_model_dir(str(FIXTURES / "qwen3-8b")), None, gpus)["serving"]["attention_backend"]
+    assert entry["value"] is None and "several compute capabilities" in entry["reason"]
+
+
+def test_attention_backend_override_wins_and_warns_against_an_avoided_backend() -> None:
+    arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
+    plan = make_plan(arch, None, _gpus(8), {"serving": {"attention_backend": "trtllm_mla"}})
+    entry = plan["serving"]["attention_backend"]
+    assert entry["value"] == "trtllm_mla" and entry["derived"] == "flashinfer"
+    assert "model_facts_plan_overrides.serving.attention_backend" in entry["reason"]
+    assert any("advises against" in w and "Unsupported architecture" in w for w in plan["warnings"])
+    quiet = make_plan(arch, None, _gpus(8), {"serving": {"attention_backend": "triton"}})
+    assert quiet["serving"]["attention_backend"]["value"] == "triton" and not quiet["warnings"]
+
+
+# --- DP attention for MLA: the KV-capacity arithmetic both ways
+
+
+def _deepseek_on(name: str, mib: int, count: int = 8) -> dict:
+    return make_plan(read_model_dir(str(FIXTURES / "deepseek-v3")), None, _gpus(count, name=name, mib=mib))
+
+
+def test_dp_attention_is_planned_where_it_multiplies_the_mla_kv_capacity() -> None:
+    serving = _deepseek_on("NVIDIA B200", 183359)["serving"]  # B200's memory.total (nvidia-smi table)
+    capacity = serving["kv_capacity"]["value"]
+    plain, dp = capacity["without_attn_dp"], capacity["with_attn_dp"]
+    # Without DP attention the server holds one GPU's pool (the MLA latent is on every rank) ...
+    assert plain["tokens"] == plain["kv_pool_bytes_per_gpu"] // capacity["kv_bytes_per_token"]
+    # ... with it each rank holds its own requests, less the replicated attention weights.
+    assert dp["tokens"] == dp["tokens_per_rank"] * 8 and dp["attn_dp_size"] == 8
+    assert plain["kv_pool_bytes_per_gpu"] - dp["kv_pool_bytes_per_gpu"] == pytest.approx(
+        capacity["attention_weight_bytes"] * 7 / 8, rel=1e-6
+    )
+    assert dp["tokens"] >= 2 * plain["tokens"]
+    assert serving["attn_dp_size"]["value"] == 8
+    reason = serving["kv_capacity"]["reason"]
+    assert "without attention DP" in reason and "with --attn-dp-size 8" in reason
+    assert f"{plain['tokens']:,} tokens for the server" in reason and f"{dp['tokens']:,} in all" in reason
+    args = serving["sglang_args"]["value"]
+    assert args[args.index("--attn-dp-size") + 1] == "8" and "--dp-size" not in args
+
+
+def test_dp_attention_stays_off_where_replicated_attention_eats_the_pool() -> None:
+    # Kimi K2.5 INT4 on 8x RTX PRO 6000: ~11.5 GiB of bf16 attention weights on every rank would leave
+    # ~31k tokens per rank, under the 65,536 in flight the plan sizes for.
+    serving = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8))["serving"]
+    assert serving["attn_dp_size"]["value"] == 1
+    assert "each rank's pool would hold" in serving["attn_dp_size"]["reason"]
+    capacity = serving["kv_capacity"]["value"]
+    assert capacity["with_attn_dp"]["tokens_per_rank"] < 65536 < capacity["without_attn_dp"]["tokens"]
+    assert "--attn-dp-size" not in serving["sglang_args"]["value"]
+
+
+def test_dp_attention_is_off_on_cpu_and_for_dense_gqa_models() -> None:
+    cpu = make_plan(read_model_dir(str(FIXTURES / "deepseek-v3")), None, summarize([], reason="no GPU"))
+    attn_dp = cpu["serving"]["attn_dp_size"]
+    assert attn_dp["value"] == 1 and "no GPU" in attn_dp["reason"]
+    assert cpu["serving"]["kv_capacity"]["value"] is None
+    dense = make_plan(read_model_dir(str(FIXTURES / "llama-3.1-8b-instruct")), None, _gpus(8))["serving"]
+    assert dense["attn_dp_size"]["value"] == 1 and "not an MLA model" in dense["attn_dp_size"]["reason"]
+
+
+def test_dp_attention_override_reaches_the_plan() -> None:
+    arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
+    plan = make_plan(arch, None, _gpus(8), {"serving": {"attn_dp_size": 8}})
+    assert plan["serving"]["attn_dp_size"]["value"] == 8
+    assert "model_facts_plan_overrides.serving.attn_dp_size" in plan["serving"]["attn_dp_size"]["reason"]
+    assert "--attn-dp-size" in plan["serving"]["sglang_args"]["value"]

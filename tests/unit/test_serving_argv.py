@@ -77,8 +77,8 @@ def _plan(case):
 
 
 def _args_after_module(argv):
-    # argv = [python, "-m", module, *args]
-    assert argv[1] == "-m"
+    # argv = [python, "-m", module, *args] or, for a router with an API key, [python, "-c", launcher, *args]
+    assert argv[1] in ("-m", "-c")
     return argv[3:]
 
 
@@ -90,9 +90,10 @@ def test_golden_lines_parse_and_mean_what_the_plan_says(sglang_parse, tmp_path):
         kind, spec = _plan(case)
         if kind == "router":
             plan = regen_serving.plan_router(spec)
-            # systemd (or the supervisor) expands ${REGEN_SERVING_API_KEY} from the 0600 env file.
-            args = [a.replace("${REGEN_SERVING_API_KEY}", "test-key-123")
-                    for a in _args_after_module(plan["argv"])]
+            # The launcher parses these args with the router's own parse_router_args, then sets
+            # RouterArgs.api_key from the environment (tests/unit/test_serving_router.py runs it for real).
+            args = _args_after_module(plan["argv"])
+            assert args == plan["router_args"]
         else:
             if spec.get("api_key_set"):
                 spec["secret_config_path"] = str(secret)
@@ -107,14 +108,16 @@ def test_golden_lines_parse_and_mean_what_the_plan_says(sglang_parse, tmp_path):
         if kind == "router":
             assert values["worker_urls"] == plan["worker_urls"]
             assert values["policy"] == plan["policy"]
-            assert values["api_key"] == "test-key-123"
+            assert values["api_key"] is None, "the key must not be on the router's command line"
             assert (values["host"], values["port"]) == (plan["host"], plan["port"])
+            assert (values["prometheus_host"], values["prometheus_port"]) == ("127.0.0.1", 29000)
             continue
         settings = {k: v["value"] for k, v in plan["settings"].items()}
         assert values["model_path"] == plan["argv"][plan["argv"].index("--model-path") + 1]
         for key in ("tp_size", "ep_size", "pp_size", "dp_size", "attn_dp_size"):
             assert values[key] == settings[key], (case, key)
         assert values["moe_a2a_backend"] == settings["moe_a2a_backend"]
+        assert values["attention_backend"] == settings["attention_backend"], case
         assert values["reasoning_parser"] == settings["reasoning_parser"]
         assert values["tool_call_parser"] == settings["tool_call_parser"]
         assert values["context_length"] == settings["context_length"]
@@ -162,3 +165,24 @@ def test_parser_choices_match_what_the_planner_assumes(sglang_parse):
            for (kind, args), r in zip(items, results, strict=True) if not r["ok"]]
     assert not bad, bad
     assert parsers  # the table is not empty
+
+
+def test_attention_backend_choices_are_the_pinned_releases():
+    # regen_serving.ATTENTION_BACKENDS (the plan's check) and the role's typed choices
+    # (meta/argument_specs.yml) must be exactly SGLang 0.5.23's --attention-backend choices.
+    import yaml
+
+    python = _venv_python()
+    code = (
+        "import json; from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES as c; "
+        "print(json.dumps(list(c)))"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=False, timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(regen_serving.ATTENTION_BACKENDS) == json.loads(proc.stdout.strip().splitlines()[-1])
+    specs = yaml.safe_load((ROOT / "roles" / "sglang_server" / "meta" / "argument_specs.yml").read_text())
+    choices = specs["argument_specs"]["main"]["options"]["sglang_server_attention_backend"]["choices"]
+    assert choices == ["", *regen_serving.ATTENTION_BACKENDS]

@@ -61,6 +61,8 @@ def test_kimi_ep8_takes_parallelism_and_parsers_from_the_facts():
     assert (_flag(argv, "--tp-size"), _flag(argv, "--ep-size")) == ("8", "8")
     assert _flag(argv, "--reasoning-parser") == _flag(argv, "--tool-call-parser") == "kimi_k2"
     assert plan["settings"]["ep_size"]["source"] == "plan"
+    assert _flag(argv, "--attention-backend") == "flashinfer"  # sm_120 MLA: the table's row sm120-mla
+    assert plan["settings"]["attention_backend"]["source"] == "plan"
     assert plan["settings"]["context_length"]["source"] == "override"
     assert plan["endpoint"] == "http://127.0.0.1:30000"
     assert plan["readiness"] == {"method": "GET", "path": "/health_generate"}
@@ -76,8 +78,14 @@ def test_api_key_travels_in_a_config_file_not_in_argv():
     assert "--api-key" not in plan["argv"]
     assert _flag(plan["argv"], "--config") == "/root/regen/serving/deepseek.secret.yaml"
     router = render("router-two-workers")
-    # The router has no config file: its key is a ${VAR} that systemd/the supervisor expand at start.
-    assert _flag(router["argv"], "--api-key") == "${REGEN_SERVING_API_KEY}"
+    # sglang-router 0.3.2 has no config file or environment variable for its key: the role's launcher
+    # (the router's own parse_router_args + launch_router) reads it from the environment instead.
+    assert "--api-key" not in router["argv"]
+    assert not any("REGEN_SERVING_API_KEY}" in a for a in router["argv"])
+    assert router["argv"][1:3] == ["-c", regen_serving.ROUTER_LAUNCHER]
+    assert "os.environ.pop('REGEN_SERVING_API_KEY'" in router["argv"][2]
+    assert (_flag(router["argv"], "--prometheus-host"), _flag(router["argv"], "--prometheus-port")) == (
+        "127.0.0.1", "29000")
 
 
 def test_two_node_ranks_differ_only_in_node_rank_and_rank0_serves_the_api():
@@ -120,8 +128,10 @@ def test_the_model_facts_plan_drives_the_launch_line():
     assert (_flag(argv, "--tp-size"), _flag(argv, "--ep-size")) == ("8", "8")
     assert _flag(argv, "--reasoning-parser") == _flag(argv, "--tool-call-parser") == "kimi_k2"
     assert _flag(argv, "--mem-fraction-static") == "0.85"
+    # MLA on sm_120: the backend table's FlashInfer, never TRT-LLM MLA (Unsupported architecture there).
+    assert _flag(argv, "--attention-backend") == "flashinfer"
     assert "--dp-size" not in argv and "--device" not in argv
     for key in ("tp_size", "ep_size", "dp_size", "device", "mem_fraction_static", "reasoning_parser",
-                "tool_call_parser"):
+                "tool_call_parser", "attention_backend"):
         assert plan["settings"][key]["source"] == "plan", key
     assert plan["env"]["NCCL_P2P_DISABLE"] == "1"

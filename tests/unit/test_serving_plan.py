@@ -252,3 +252,60 @@ def test_module_counts_no_gpu_without_nvidia_smi(tmp_path, capsys, monkeypatch):
     result = _run_module({"model_path": str(_model_dir(tmp_path)), "python": "/p", "facts": KIMI}, capsys)
     assert result["failed"] and "has 0 visible" in result["msg"]
     assert result["gpu_count_source"] == "nvidia-smi not found"
+
+
+# --- attention backend on the launch line
+
+
+def _flag(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def _with_backend(entry):
+    facts = json.loads(json.dumps(KIMI))
+    facts["plan"]["serving"]["attention_backend"] = entry
+    return facts
+
+
+def test_the_plans_attention_backend_is_on_the_launch_line():
+    plan = rs.plan_server(_spec(facts=_with_backend({"value": "flashinfer", "reason": "row sm120-mla"})))
+    assert _flag(plan["argv"], "--attention-backend") == "flashinfer"
+    assert plan["settings"]["attention_backend"] == {
+        "value": "flashinfer", "source": "plan", "reason": "row sm120-mla"
+    }
+
+
+def test_a_planned_null_leaves_the_flag_off():
+    plan = rs.plan_server(_spec(facts=_with_backend({"value": None, "reason": "compute capability unknown"})))
+    assert "--attention-backend" not in plan["argv"]
+    assert plan["settings"]["attention_backend"]["reason"] == "compute capability unknown"
+
+
+def test_facts_without_a_planned_backend_take_the_table():
+    # Facts written before the plan named a backend: the table over the facts' attention kind and GPU.
+    facts = json.loads(json.dumps(KIMI))
+    del facts["plan"]["serving"]["attention_backend"]
+    assert facts["architecture"]["attention"]["kind"] == "mla"
+    plan = rs.plan_server(_spec(facts=facts))
+    assert _flag(plan["argv"], "--attention-backend") == "flashinfer"
+    assert plan["settings"]["attention_backend"]["source"] == "default"
+    assert "sm120-mla" in plan["settings"]["attention_backend"]["reason"]
+
+
+def test_inventory_attention_backend_wins_and_warns_where_the_table_advises_against_it():
+    facts = _with_backend({"value": "flashinfer", "reason": "row sm120-mla"})
+    facts["architecture"]["attention"] = {"kind": "mla"}
+    plan = rs.plan_server(_spec(facts=facts, overrides={"attention_backend": "trtllm_mla"}))
+    assert _flag(plan["argv"], "--attention-backend") == "trtllm_mla"
+    assert plan["settings"]["attention_backend"]["source"] == "override"
+    assert any("Unsupported architecture" in w for w in plan["warnings"])
+
+
+def test_an_unknown_attention_backend_is_refused_with_the_variable():
+    with pytest.raises(ServingPlanError, match="sglang_server_attention_backend"):
+        rs.plan_server(_spec(overrides={"attention_backend": "magic_mla"}))
+
+
+def test_cpu_serving_names_no_attention_backend():
+    plan = rs.plan_server(_spec(gpu_count=0, overrides={"device": "cpu", "tp_size": 1, "ep_size": 1}))
+    assert "--attention-backend" not in plan["argv"]

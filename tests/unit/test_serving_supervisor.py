@@ -285,3 +285,46 @@ def test_the_api_key_is_scrubbed_from_log_tails(state_dir, site, tmp_path):
     assert not result["alive"]
     assert "sekrit-123" not in json.dumps(result)
     assert any("'api_key': '<redacted>'" in line for line in result["log_tail"])
+
+
+# Real failure lines quoted in the public threads the known-failures table cites
+# (tests/fixtures/quality/server_logs.json, with each line's source).
+KNOWN_LOGS = json.loads(
+    (Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "quality" / "server_logs.json").read_text()
+)
+
+
+@pytest.mark.parametrize("entry", KNOWN_LOGS, ids=[e["id"] for e in KNOWN_LOGS])
+def test_diagnose_names_the_known_failure_and_its_fix(entry):
+    trace = 'Traceback (most recent call last):\n  File "x.py", line 1\n'
+    cause = diagnose(SGLANG_LOAD + trace + entry["line"] + "\n")
+    # Before known_failures was wired in, these surfaced as a plain "exception" (or nothing).
+    assert cause is not None and cause.kind == entry["kind"]
+    assert "source: https://" in cause.hint
+    assert cause.line == entry["line"].strip()[:300]
+
+
+def test_a_known_failure_wins_over_the_generic_causes():
+    # The TRT-LLM MLA kernels refusing sm_120 is a RuntimeError; the table's fix must be what is shown.
+    line = KNOWN_LOGS[0]["line"]
+    cause = diagnose(SGLANG_LOAD + line + "\nRuntimeError: worker died\n")
+    assert cause.kind == "trtllm_mla_unsupported_arch"
+    assert "--attention-backend flashinfer" in cause.hint
+
+
+def test_wait_reports_the_known_failure_of_a_server_that_died(state_dir, site):
+    # Fault-injection stub: a "server" that prints the real flashinfer#3263 line and exits, as SGLang's
+    # prefill does on sm_120 with trtllm_mla.
+    line = KNOWN_LOGS[0]["line"]
+    stub = f"import sys\nprint({line!r}, file=sys.stderr)\nraise SystemExit(1)"
+    spec = _spec(state_dir, site, _free_port(), argv=[PY, "-c", stub])
+    supervisor.start(spec)
+    args = supervisor._parser().parse_args(
+        ["wait", "--state-dir", str(state_dir), "--name", "t", "--slice", "10", "--interval", "0.2"]
+    )
+    result = supervisor.wait(args)
+    assert not result["alive"] and not result["ready"]
+    assert result["cause"] == "trtllm_mla_unsupported_arch"
+    assert "TllmGenFmhaRunner" in result["cause_summary"] and "sm_120" in result["cause_summary"]
+    assert "sglang_server_attention_backend" in result["hint"] and "source: https://" in result["hint"]
+    assert result["cause_line"] == line

@@ -161,7 +161,18 @@ def stage_of(text: str) -> tuple[str | None, str]:
 
 
 def diagnose(text: str) -> Cause | None:
-    """The likely cause of a failure from the last part of a log; None when nothing looks wrong."""
+    """The likely cause of a failure from the last part of a log; None when nothing looks wrong.
+
+    Failures public reports have already explained (regen.serving.known_failures: the TRT-LLM MLA
+    kernels refusing sm_120, a ptxas too old for the GPU, ...) come first: they name the fix and its
+    source, where the generic causes below would only say "the server raised an exception".
+    """
+    # Imported here: known_failures builds its answers from this module's Cause.
+    from regen.serving.known_failures import match_log
+
+    known = match_log("\n".join(_lines(text)))
+    if known is not None:
+        return known
     lines = _lines(text)
     for kind, pattern, summary, hint in _CAUSES:
         for line in reversed(lines):

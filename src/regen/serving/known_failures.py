@@ -3,10 +3,9 @@
 Two tables of data, each row with its public source, for readiness diagnosis and the quality gate:
 
 * LOG_SIGNATURES: a regex over the server log, what it means and what to change. `match_log(text)`
-  returns a `regen.serving.diagnose.Cause` so the supervisor's existing message shows it. To merge into
-  `diagnose.diagnose`: call `match_log(text)` first and return its Cause when not None (these are more
-  specific than the generic `_CAUSES`, e.g. "Unsupported architecture" would otherwise surface as a
-  plain exception).
+  returns a `regen.serving.diagnose.Cause`; `diagnose.diagnose` asks it first (these are more specific
+  than the generic causes there, e.g. "Unsupported architecture" would otherwise surface as a plain
+  exception), so the readiness wait of the sglang_server role shows the cause, the fix and its source.
 * OUTPUT_SIGNATURES: serving setups that public reports found answering with garbage while healthy,
   keyed by what the plan knows (compute capability, expert parallelism, quantization); the quality
   gate prints the matching rows' suggestion when its probes fail (`suggest_for_output`).
