@@ -23,7 +23,10 @@ from regen.jobs._common import (
     EXIT_FAILED_RECORDS,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_OUTPUT,
+    EXIT_TERMINATED,
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     JobError,
     Reservoir,
     StatusFile,
@@ -32,6 +35,7 @@ from regen.jobs._common import (
     iter_lines,
     kv,
     make_progress,
+    prepare_output_dir,
 )
 from regen.jobs._ledger import ShardStore, id_digest, line_id
 from regen.jobs.generate.endpoints import Endpoint, EndpointPool, EndpointsDown
@@ -49,16 +53,26 @@ from regen.jobs.generate.rows import (
     parse_completion,
     parse_prompt_row,
     parse_retry_after,
+    redact_url,
     resolve_inputs,
     turn_plan,
+    url_secrets,
+    verify_manifest,
 )
 from regen.jobs.status import Status
+
+# HTTP statuses that say the request is not allowed: every other request would be refused the same way.
+AUTH_STATUS = frozenset({401, 403})
 
 log = logging.getLogger("regen.jobs.generate")
 
 # ==================================================================================================
 # The job
 # ==================================================================================================
+
+
+class AuthRejected(Exception):
+    """The server refused the credentials (HTTP 401/403): the job stops at once."""
 
 
 class FinalFailure(Exception):
@@ -78,6 +92,7 @@ class Settings:
     concurrency: int
     max_tokens: int
     api_key: str | None = None
+    api_key_source: str | None = None  # where the key came from (named in the 401/403 message)
     temperature: float | None = None
     top_p: float | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
@@ -100,6 +115,7 @@ class Settings:
     fsync: bool = True
     allow_config_change: bool = False
     seed: int | None = None
+    stop_grace: float = 30.0  # after SIGTERM: how long requests in flight may finish before they are cut
 
     def provenance(self) -> dict[str, Any]:
         """What determines the content of a completion; a resumed run must use the same."""
@@ -163,6 +179,11 @@ class GenerateJob:
         self._timeout = aiohttp.ClientTimeout(total=s.request_timeout)
         self._rng = random.Random(s.seed)
         self._stopping = False
+        self._stop_deadline: float | None = None
+        # a fatal end decided while running: (reason, exit code); HTTP 401/403 or an unwritable output
+        self._fatal: tuple[str, int] | None = None
+        self._written_bytes = 0  # record bytes this run wrote (sizes the "needs N more" of a full disk)
+        self._written_records = 0
         self._interrupted = 0
         self._inflight: set[bytes] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -171,7 +192,11 @@ class GenerateJob:
         self._provenance = s.provenance()
         self._provenance_record = dict(self._provenance, generator=f"regen {__version__}")
         self.pool = EndpointPool(
-            [Endpoint(url=u, chat_url=normalize_endpoint(u), limit=s.concurrency) for u in s.endpoints],
+            # `url` is what is shown and stored (status.json, errors, logs): credentials in it are redacted
+            [
+                Endpoint(url=redact_url(u), chat_url=normalize_endpoint(u), limit=s.concurrency)
+                for u in s.endpoints
+            ],
             threshold=s.circuit_threshold,
             cooldown=s.circuit_cooldown,
             cooldown_max=s.circuit_cooldown_max,
@@ -181,6 +206,25 @@ class GenerateJob:
         if s.api_key:
             self._headers["Authorization"] = f"Bearer {s.api_key}"
         self._base_body = s.base_body()
+        self._secrets = sorted(
+            {x for u in s.endpoints for x in url_secrets(u)} | ({s.api_key} if s.api_key else set()),
+            key=len,
+            reverse=True,
+        )
+
+    def _scrub(self, text: str) -> str:
+        """Text the job writes or shows, without the API key or a password from an endpoint URL."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _error_line(self, err: dict[str, Any]) -> bytes:
+        if isinstance(err.get("error"), str):
+            err["error"] = self._scrub(err["error"])
+        try:
+            return json.dumps(err, ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # an id with a lone surrogate: escaped, the line stays valid UTF-8
+            return json.dumps(err).encode()
 
     # ------------------------------------------------------------------ config guard
 
@@ -231,7 +275,7 @@ class GenerateJob:
             tokens_per_s=round(st.tokens_out / elapsed, 1) if elapsed else 0.0,
             eta_s=round(eta, 1) if eta is not None else None,
             exit_code=exit_code,
-            error=str(self.pool.fatal) if self.pool.fatal is not None else None,
+            error=self._error_text(),
         )
         return status.document(
             started_at=self.started,
@@ -258,7 +302,15 @@ class GenerateJob:
             endpoints=[ep.public() for ep in self.pool.endpoints],
             recovery=self.store.report.as_dict(),
             provenance=self._provenance,
+            heartbeat_s=self.s.status_interval,
         )
+
+    def _error_text(self) -> str | None:
+        if self._fatal is not None:
+            return self._fatal[0]
+        if self.pool.fatal is not None:
+            return self._scrub(str(self.pool.fatal))
+        return None
 
     def summary_line(self) -> str:
         st = self.stats
@@ -332,6 +384,9 @@ class GenerateJob:
                 else:
                     text = data[:300].decode("utf-8", "replace")
                     last = f"HTTP {status} from {ep.url}: {text}"
+                    if status in AUTH_STATUS:
+                        self.pool.release(ep, probe, "neutral")
+                        raise AuthRejected(last)
                     if status == 429:
                         ra = min(retry_after, self.s.retry_after_max) if retry_after is not None else None
                         self.pool.release(ep, probe, "paused", ra)
@@ -427,15 +482,46 @@ class GenerateJob:
                 "attempts": f.attempts,
                 "ts": time.time(),
             }
-            await queue.put(("err", None, digest, json.dumps(err, ensure_ascii=False).encode(), 0, 0, False))
+            await queue.put(("err", None, digest, self._error_line(err), 0, 0, False))
         except EndpointsDown:
             self._stopping = True
             self._inflight.discard(digest)
+        except AuthRejected as exc:
+            # not this prompt's fault: it stays pending for the run after the key is fixed
+            self._inflight.discard(digest)
+            if self._fatal is None:
+                self._fatal = (self._auth_message(str(exc)), EXIT_USAGE)
+            self._stopping = True
         except asyncio.CancelledError:
             self._inflight.discard(digest)
             raise
+        except Exception as exc:
+            # Whatever went wrong, the prompt ends as a record with its reason: a task is never dropped.
+            log.exception("unexpected error while generating a prompt", extra=kv(id=rid))
+            err = {
+                "id": rid,
+                "error": f"unexpected error ({type(exc).__name__}: {exc}); retried by the next run",
+                "status": None,
+                "attempts": 0,
+                "ts": time.time(),
+            }
+            await queue.put(("err", None, digest, self._error_line(err), 0, 0, False))
         finally:
             sem.release()
+
+    def _auth_message(self, reason: str) -> str:
+        where = self.s.api_key_source
+        if where:
+            fix = f"check the API key in {where}"
+        else:
+            fix = (
+                "no API key was sent: put the server's key in an environment variable and name it with "
+                "--api-key-env (the completions role: completions_api_key)"
+            )
+        return (
+            f"the server refused the request ({self._scrub(reason)}); stopped at once, every prompt left "
+            f"is still pending: {fix}, then run again"
+        )
 
     # ------------------------------------------------------------------ writer
 
@@ -458,9 +544,22 @@ class GenerateJob:
             items = [item for item in batch if item is not None]
             store_items = [(kind, digest, line) for tag, kind, digest, line, *_ in items if tag == "ok"]
             error_lines = [line for tag, _, _, line, *_ in items if tag == "err"]
+            if self._fatal is not None and self._fatal[1] == EXIT_OUTPUT:
+                # the output could not take the last batch: write nothing more (those prompts stay pending)
+                for _, _, digest, *_ in items:
+                    self._inflight.discard(digest)
+                continue
             if store_items or error_lines:
-                await asyncio.to_thread(self._write_sync, store_items, error_lines, errors_fd)
+                try:
+                    await asyncio.to_thread(self._write_sync, store_items, error_lines, errors_fd)
+                except OSError as exc:
+                    self._output_failed(exc, len(store_items))
+                    for _, _, digest, *_ in items:
+                        self._inflight.discard(digest)
+                    continue
                 self._last_write = time.monotonic()
+                self._written_records += len(store_items)
+                self._written_bytes += sum(len(line) + 1 for _, _, line in store_items)
             st = self.stats
             for tag, kind, digest, _, t_in, t_out, truncated in items:
                 if tag == "ok":
@@ -479,6 +578,36 @@ class GenerateJob:
             self._refresh_bar()
             self.status.maybe_write(self._status_doc)
 
+    def _output_failed(self, exc: OSError, lost: int) -> None:
+        """The output stopped taking writes (full disk, read-only): stop, and say what was kept."""
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        written = self.stats.done + self.stats.dropped
+        kept = len(self.store.index)
+        accounted = written + self.stats.failed + self.stats.skipped + self.stats.duplicates
+        remaining = (self.total - accounted) if self.total is not None else None
+        avg = self._written_bytes / self._written_records if self._written_records else None
+        need = ""
+        if remaining is not None and avg is not None:
+            need = f"; the {remaining} prompt(s) left need about {remaining * avg / 1e6:.1f} MB more"
+        elif remaining is not None:
+            need = f"; {remaining} prompt(s) are left"
+        what = {
+            28: "the disk is full",  # ENOSPC
+            122: "the disk quota is exhausted",  # EDQUOT
+            30: "the filesystem is read-only",  # EROFS
+        }.get(exc.errno or -1, f"{exc.strerror or exc}")
+        reason = (
+            f"cannot write to {self.s.output_dir}: {what} ({exc.strerror or exc}); this run wrote "
+            f"{written} record(s) before it, {kept} record(s) are kept in total (every one whole: a torn "
+            f"last line is repaired by the next run), {lost} finished record(s) of the last batch were "
+            f"not written and stay pending{need}; free space (or choose another --output-dir) and run again"
+        )
+        if self._fatal is None:
+            self._fatal = (reason, EXIT_OUTPUT)
+        log.error(reason)
+
     # ------------------------------------------------------------------ feeding
 
     async def _error_now(self, queue: asyncio.Queue, rid: str | None, where: str, reason: str) -> None:
@@ -486,12 +615,13 @@ class GenerateJob:
         err = {
             "id": rid,
             "input": where,
-            "error": f"invalid input row: {reason}",
+            "error": f"invalid input row: {reason} (not retryable: fix or remove it in the input)",
             "status": None,
             "attempts": 0,
+            "retryable": False,
             "ts": time.time(),
         }
-        await queue.put(("err", None, b"", json.dumps(err, ensure_ascii=False).encode(), 0, 0, False))
+        await queue.put(("err", None, b"", self._error_line(err), 0, 0, False))
 
     async def _feed(self, session, files: list[Path], queue: asyncio.Queue, sem: asyncio.Semaphore) -> None:
         batch: list[tuple[int, bytes]] = []
@@ -565,34 +695,44 @@ class GenerateJob:
                 await flush(name)
                 batch.clear()
 
-    async def _count_total(self, files: list[Path]) -> None:
-        def count() -> int:
-            return sum(count_lines(p) for p in files)
-
-        try:
-            self.total = await asyncio.to_thread(count)
-        except OSError:
-            return
-        if self._bar is not None:
-            self._bar.total = self.total
-            self._bar.refresh()
-
     # ------------------------------------------------------------------ main loop
 
     def _on_signal(self, signum: int) -> None:
         self._interrupted = signum
-        if not self._stopping:
+        if self._stop_deadline is None:
             self._stopping = True
+            self._stop_deadline = time.monotonic() + self.s.stop_grace
             log.warning(
                 "stopping: no new prompts; waiting for requests in flight (signal again to abort them)",
-                extra=kv(in_flight=len(self._inflight)),
+                extra=kv(in_flight=len(self._inflight), grace=f"{self.s.stop_grace:g}s"),
             )
             return
+        self._abort_in_flight("a second signal")
+
+    def _abort_in_flight(self, why: str) -> None:
+        if self._tasks:
+            log.warning(
+                f"aborting the requests in flight ({why}); their prompts stay pending for the next run",
+                extra=kv(in_flight=len(self._inflight)),
+            )
         for task in list(self._tasks):
             task.cancel()
 
+    async def _heartbeat(self) -> None:
+        """status.json rewritten every --status-interval even when nothing finishes: a reader tells a
+        slow job (fresh `updated_at`, live `pid`) from a dead one (`regen.jobs.status.liveness`)."""
+        while True:
+            await asyncio.sleep(max(0.05, self.s.status_interval))
+            self.status.maybe_write(self._status_doc, force=True)
+
     async def run(self) -> int:
         files = resolve_inputs(self.s.inputs)
+        prepare_output_dir(self.s.output_dir)
+        self.status.arm()  # from here on, an error ends as `failed` in status.json (run_main)
+        # before a single request: a shard cut short or edited since the prompts job wrote it, or a
+        # damaged .gz, stops the job here, not after half of it was generated
+        await asyncio.to_thread(verify_manifest, self.s.inputs)
+        self.total = await asyncio.to_thread(lambda: sum(count_lines(p) for p in files))
         report = self.store.open()
         try:
             if report.recovered_lines or report.truncated_bytes or report.ledger_dropped:
@@ -607,12 +747,12 @@ class GenerateJob:
                 os.replace(errors_path, self.s.output_dir / "errors.previous.jsonl")
             errors_fd = os.open(errors_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._state = "running"
-            self._bar = make_progress(self.s.progress, None, "generate")
+            self._bar = make_progress(self.s.progress, self.total, "generate")
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, self._on_signal, sig)
-            counter = asyncio.create_task(self._count_total(files))
+            counter = asyncio.create_task(self._heartbeat())
             queue: asyncio.Queue = asyncio.Queue()
             total_limit = self.s.concurrency * len(self.pool.endpoints)
             # Records waiting out a backoff hold no endpoint slot, so allow twice as many records in flight
@@ -625,11 +765,14 @@ class GenerateJob:
                 async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
                     await self._feed(session, files, queue, sem)
                     while self._tasks:
-                        await asyncio.wait(list(self._tasks), timeout=1.0)
-                        if self.pool.fatal is not None:
+                        await asyncio.wait(list(self._tasks), timeout=0.2)
+                        if self.pool.fatal is not None or self._fatal is not None:
                             # requests still hanging on a dead server would only delay the exit
                             for task in list(self._tasks):
                                 task.cancel()
+                        elif self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
+                            self._abort_in_flight(f"the stop grace of {self.s.stop_grace:g}s is over")
+                            self._stop_deadline = float("inf")
             finally:
                 await queue.put(None)
                 await writer
@@ -639,13 +782,16 @@ class GenerateJob:
         finally:
             self.store.close()
         st = self.stats
-        if self.pool.fatal is not None:
+        if self._fatal is not None:
+            self._state, code = "failed", self._fatal[1]
+            print(f"error: {self._fatal[0]}", file=sys.stderr)
+        elif self.pool.fatal is not None:
             self._state, code = "endpoints_down", EXIT_UNAVAILABLE
             log.error(str(self.pool.fatal) + "; unfinished prompts will be retried by the next run")
         elif self._interrupted:
             self._state, code = (
                 "interrupted",
-                (EXIT_INTERRUPTED if self._interrupted == signal.SIGINT else 143),
+                (EXIT_INTERRUPTED if self._interrupted == signal.SIGINT else EXIT_TERMINATED),
             )
         elif st.failed:
             self._state, code = "failed", EXIT_FAILED_RECORDS
@@ -654,14 +800,20 @@ class GenerateJob:
         if self._bar is not None:
             self._refresh_bar()
             self._bar.close()
-        doc = self._status_doc(exit_code=code)
-        if self.s.status_file is not None:
-            atomic_write_json(self.s.status_file, doc)
-        print(doc["line"], flush=True)
+        self.status.disarm()
+        self.status.maybe_write(lambda: self._status_doc(exit_code=code), force=True, durable=True)
+        print(self._status_doc(exit_code=code)["line"], flush=True)
         if st.failed:
+            retryable = st.failed - st.invalid
+            parts = []
+            if retryable:
+                parts.append(f"{retryable} prompt(s) failed and are retried by the next run")
+            if st.invalid:
+                parts.append(
+                    f"{st.invalid} row(s) are invalid and are not retryable: fix or remove them in the input"
+                )
             print(
-                f"generate: {st.failed} prompt(s) failed; reasons in {self.s.output_dir / 'errors.jsonl'}; "
-                "run again to retry them",
+                f"generate: {'; '.join(parts)}; reasons in {self.s.output_dir / 'errors.jsonl'}",
                 file=sys.stderr,
             )
         return code
@@ -684,13 +836,14 @@ def dry_run(s: Settings) -> dict[str, Any]:
         }
     store = ShardStore(s.output_dir, read_only=True)
     store.open()
-    total = pending = done = unreadable = duplicates = 0
+    total = pending = done = unreadable = duplicates = invalid = 0
     pending_ids: set[bytes] = set()
-    batch: list[bytes] = []
+    batch: list[tuple[bytes, bytes]] = []
 
     def flush() -> None:
-        nonlocal pending, done, duplicates
-        for d, known in zip(batch, store.index.contains_many(batch), strict=True):
+        nonlocal pending, done, duplicates, invalid
+        known_flags = store.index.contains_many([d for d, _ in batch])
+        for (d, raw), known in zip(batch, known_flags, strict=True):
             if known:
                 done += 1
             elif d in pending_ids:
@@ -698,6 +851,10 @@ def dry_run(s: Settings) -> dict[str, Any]:
             else:
                 pending_ids.add(d)
                 pending += 1
+                try:  # a row no run can generate is pending for ever: count it apart, so it is visible
+                    parse_prompt_row(json.loads(raw))
+                except (ValueError, UnicodeDecodeError):
+                    invalid += 1
         batch.clear()
 
     for path in files:
@@ -707,7 +864,7 @@ def dry_run(s: Settings) -> dict[str, Any]:
             if rid is None:
                 unreadable += 1
                 continue
-            batch.append(id_digest(rid))
+            batch.append((id_digest(rid), raw))
             if len(batch) >= 4096:
                 flush()
     flush()
@@ -721,6 +878,7 @@ def dry_run(s: Settings) -> dict[str, Any]:
         "pending": pending,
         "done": done,
         "unreadable": unreadable,
+        "invalid": invalid,
         "duplicates": duplicates,
         "complete": pending == 0 and unreadable == 0,
         "config_matches": previous is None or previous == s.provenance(),
