@@ -321,6 +321,7 @@ def test_status_file_and_dry_run(tmp_path, stub):
         "pending": 4,
         "done": 0,
         "unreadable": 0,
+        "invalid": 0,
         "duplicates": 0,
         "complete": False,
         "config_matches": True,

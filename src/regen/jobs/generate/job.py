@@ -702,12 +702,18 @@ class GenerateJob:
         if self._stop_deadline is None:
             self._stopping = True
             self._stop_deadline = time.monotonic() + self.s.stop_grace
+            # a timer, not a check in the wait loop: the feeder may be blocked on a slot that only a
+            # finished (or cut) request frees
+            asyncio.get_running_loop().call_later(self.s.stop_grace, self._grace_over)
             log.warning(
                 "stopping: no new prompts; waiting for requests in flight (signal again to abort them)",
                 extra=kv(in_flight=len(self._inflight), grace=f"{self.s.stop_grace:g}s"),
             )
             return
         self._abort_in_flight("a second signal")
+
+    def _grace_over(self) -> None:
+        self._abort_in_flight(f"the stop grace of {self.s.stop_grace:g}s is over")
 
     def _abort_in_flight(self, why: str) -> None:
         if self._tasks:
@@ -770,9 +776,7 @@ class GenerateJob:
                             # requests still hanging on a dead server would only delay the exit
                             for task in list(self._tasks):
                                 task.cancel()
-                        elif self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
-                            self._abort_in_flight(f"the stop grace of {self.s.stop_grace:g}s is over")
-                            self._stop_deadline = float("inf")
+
             finally:
                 await queue.put(None)
                 await writer
