@@ -1,0 +1,76 @@
+"""The generate stage through the real playbooks when the job does not end well (issue 15), and its key.
+
+Against the fault-injection STUB server on loopback; the full disk is a small tmpfs (root only), unmounted
+by the fixture. A failed job must fail the play with the job's own words, never pass it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from regen.testing.stub_openai_server import StubConfig, StubServer
+from tests.helpers.ansible import run_playbook
+
+PLAYBOOKS = ("playbooks/prompts.yml", "playbooks/generate.yml")
+
+
+def stage_vars(tmp_path: Path, stub: StubServer, **more) -> dict:
+    return {
+        "regen_work_dir": str(tmp_path / "work"),
+        "regen_artifacts_dir": str(tmp_path / "artifacts"),
+        "regen_serving_endpoint": stub.url,
+        "regen_served_model_name": "regen-demo-kimi",
+        "prompt_data_sources": [{"builtin": "demo"}],
+        "completions_poll_interval_s": 1,
+        "completions_concurrency": 4,
+        **more,
+    }
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    point = tmp_path / "disk"
+    point.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "regen-test", str(point)], capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    # a disk others filled: six pages are left, less than the 24 completions and their ledger need
+    (point / "filler").write_bytes(b"\0" * (256 - 24) * 1024)
+    yield point
+    subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_a_full_disk_fails_the_stage_with_the_jobs_own_message(tmp_path, small_tmpfs):
+    with StubServer(StubConfig(tokens=400)) as stub:
+        extra = stage_vars(tmp_path, stub, completions_output_dir=str(small_tmpfs / "completions"))
+        run = run_playbook(PLAYBOOKS, extra_vars=extra, timeout=300)
+    out = run.output
+    assert run.returncode != 0 and run.counts("localhost")["failed"] == 1, out[-4000:]
+    assert "the generation job exited with 5 (the output cannot be written" in out, out[-4000:]
+    assert "disk is full" in out or "No space left on device" in out, out[-4000:]
+
+
+def test_the_api_key_reaches_the_job_in_a_file_and_never_shows(tmp_path):
+    key = "sk-role-secret-4242"
+    with StubServer(StubConfig(record=True)) as stub:
+        extra = stage_vars(tmp_path, stub, completions_api_key=key)
+        run = run_playbook(PLAYBOOKS, "-vvv", extra_vars=extra, timeout=300)
+        assert run.returncode == 0, run.output[-4000:]
+        assert stub.requests and all(r["authorization"] == f"Bearer {key}" for r in stub.requests)
+    # not in the task results at -v (the old `_completions_environment` fact), not in the
+    # `/bin/sh -c '... AnsiballZ'` command lines that -vvv prints (and `ps` shows)
+    assert key not in run.output
+    completions = tmp_path / "work" / "completions"
+    assert not (completions / ".api-key").exists(), "the key file lives only while the job runs"
+    status = json.loads((tmp_path / "artifacts" / "completions" / "status-localhost.json").read_text())
+    assert status["state"] == "done"
