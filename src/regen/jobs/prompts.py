@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import heapq
 import json
@@ -45,12 +46,15 @@ from regen.fsio import AtomicFile, atomic_write_json, fsync_dir
 from .. import __version__
 from ._common import (
     EXIT_OK,
+    DirectoryLock,
     JobError,
+    OutputError,
     canonical_json,
     decode_json_line,
     iter_lines,
     job_parser,
     kv,
+    prepare_output_dir,
     run_main,
     setup_logging,
     sha256_file,
@@ -195,6 +199,29 @@ def validate_conversation(turns: list[dict[str, str]]) -> list[dict[str, str]]:
     if not seen_user:
         raise Reject("conversation has no user turn")
     return turns
+
+
+def lone_surrogate(rid: str, turns: list[dict[str, str]]) -> str | None:
+    """Why a row cannot be kept when its id or a turn holds a lone surrogate (JSON may escape one:
+    "\\ud800"), which no UTF-8 file or server takes; None when the row is valid Unicode."""
+    for what, text in [("the id", rid)] + [
+        (f"turn {i} ({t['role']})", t["content"]) for i, t in enumerate(turns)
+    ]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            char = text[exc.start : exc.end].encode("unicode_escape").decode()
+            return (
+                f"{what} holds a lone surrogate ({char} at character {exc.start}), which is not valid Unicode"
+            )
+    return None
+
+
+def _json_line(doc: Any) -> bytes:
+    try:
+        return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
+    except UnicodeEncodeError:  # a lone surrogate in a rejected row: escaped, the line stays valid UTF-8
+        return json.dumps(doc).encode() + b"\n"
 
 
 def prompt_key(turns: list[dict[str, str]]) -> bytes:
@@ -559,7 +586,35 @@ def build(
     if check:
         return {"changed": True, "manifest": str(out / "manifest.json"), "fingerprint": fp}
 
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(out)
+    # one builder per directory: a second one is refused with the first one's pid (two would swap
+    # shards and manifests under each other)
+    with DirectoryLock(out, "prompts"):
+        try:
+            return _build(
+                sources, out, fp, sample=sample, seed=seed, shard_rows=shard_rows, eval_fraction=eval_fraction
+            )
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise
+            raise OutputError(
+                f"cannot write the prompt set to {out}: {exc.strerror}; nothing was committed (the "
+                "manifest is written last): the previous prompt set there, if any, is kept as it was, and "
+                "the next build sweeps the shards this one left; free space (the sources' size is a fair "
+                "estimate of what the set needs) or choose another --output-dir, and run again"
+            ) from None
+
+
+def _build(
+    sources: list[Source],
+    out: Path,
+    fp: str,
+    *,
+    sample: int | None,
+    seed: int,
+    shard_rows: int,
+    eval_fraction: float,
+) -> dict[str, Any]:
     t0 = time.monotonic()
     counts = Counts()
     writer = _ShardWriter(out, fp[:8], shard_rows)
@@ -586,7 +641,7 @@ def build(
         counts.per_source[src.name]["rejected"] += 1
         excerpt = row if isinstance(row, str) else json.dumps(row, ensure_ascii=False, default=str)
         doc = {"source": src.name, "where": where, "reason": reason, "row": excerpt[:REJECT_EXCERPT]}
-        rejects.write(json.dumps(doc, ensure_ascii=False).encode() + b"\n")
+        rejects.write(_json_line(doc))
 
     def admit(src: Source, rid: str, turns: list, pkey: bytes, o: int, where: str) -> bool:
         """Dedup against rows already in the set; True when the row is new."""
@@ -640,6 +695,10 @@ def build(
                     rid = row_id(row, turns, src.mapping, src.id_prefix)
                 except Reject as exc:
                     reject(src, where, str(exc), row)
+                    continue
+                bad_unicode = lone_surrogate(rid, turns)
+                if bad_unicode is not None:
+                    reject(src, where, bad_unicode, row)
                     continue
                 pkey = prompt_key(turns)
                 order += 1

@@ -56,6 +56,7 @@ from regen.jobs._common import (
     kv,
     make_progress,
     open_binary,
+    prepare_output_dir,
     run_main,
     setup_logging,
     want_progress,
@@ -121,10 +122,38 @@ def tokenizer_digest(model_dir: Path) -> str:
 _CTX: dict[str, Any] = {}
 
 
+# Files one of which a tokenizer directory holds (fast, SentencePiece, tiktoken, BPE/WordPiece vocabularies).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tiktoken.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def check_tokenizer_dir(path: str) -> None:
+    """A directory without any tokenizer file is named as such: transformers would otherwise blame a
+    missing sentencepiece or tiktoken package, which is installed."""
+    p = Path(path)
+    if not p.exists():
+        raise JobError(f"--tokenizer {path}: no such directory; point it at the model directory")
+    if not p.is_dir():
+        return
+    if any((p / name).is_file() for name in TOKENIZER_FILES) or any(p.glob("*.tiktoken")):
+        return
+    raise JobError(
+        f"--tokenizer {path} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)} or *.tiktoken); "
+        "point it at the model directory that holds them, or copy them there from the model"
+    )
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = True) -> Any:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # our parallelism is processes
     from transformers import AutoTokenizer
 
+    check_tokenizer_dir(path)
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:
@@ -586,7 +615,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ) from None
         mask_doc = {"id": settings.mask_token_id, "token": token, "in_vocab": True}
 
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(out)
     lock = _lock(out)  # held until the process exits; the kernel drops it if the process is killed
     # Temporary files of a killed run: their shards have no marker (or an old one) and are redone below.
     for leftover in [
@@ -594,7 +623,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         *(p for sub in ("data", "conversations", "rejects", "state") for p in (out / sub).glob(".*.tmp")),
     ]:
         leftover.unlink(missing_ok=True)
-    status = StatusFile(args.status_file or out / "status.json", interval=args.status_interval)
+    status = StatusFile(
+        args.status_file or out / "status.json", interval=args.status_interval, job="tokenize"
+    )
+    status.arm()  # an error from here on ends as `failed` in status.json (run_main)
     rows_total = sum(count_lines(p) for p in files)
     if args.workers > 1:
         from tqdm import tqdm
@@ -731,6 +763,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "output_dir": str(out),
     }
     status.maybe_write(lambda: status_doc("done", result=summary), force=True, durable=True)
+    status.disarm()
     return summary
 
 
