@@ -60,16 +60,17 @@ def test_a_full_disk_fails_the_stage_with_the_jobs_own_message(tmp_path, small_t
     assert "disk is full" in out or "No space left on device" in out, out[-4000:]
 
 
-def test_the_api_key_reaches_the_job_in_a_file_and_never_shows(tmp_path):
-    key = "sk-role-secret-4242"
+def test_the_api_key_and_the_hf_token_reach_the_jobs_in_files_and_never_show(tmp_path):
+    key, token = "sk-role-secret-4242", "hf_role_token_5151"
     with StubServer(StubConfig(record=True)) as stub:
-        extra = stage_vars(tmp_path, stub, completions_api_key=key)
+        extra = stage_vars(tmp_path, stub, completions_api_key=key, prompt_data_hf_token=token)
         run = run_playbook(PLAYBOOKS, "-vvv", extra_vars=extra, timeout=300)
         assert run.returncode == 0, run.output[-4000:]
         assert stub.requests and all(r["authorization"] == f"Bearer {key}" for r in stub.requests)
     # not in the task results at -v (the old `_completions_environment` fact), not in the
     # `/bin/sh -c '... AnsiballZ'` command lines that -vvv prints (and `ps` shows)
-    assert key not in run.output
+    assert key not in run.output and token not in run.output
+    assert "--hf-token-file" in run.output, "the prompts job got the token (through its file)"
     completions = tmp_path / "work" / "completions"
     assert not (completions / ".api-key").exists(), "the key file lives only while the job runs"
     status = json.loads((tmp_path / "artifacts" / "completions" / "status-localhost.json").read_text())

@@ -826,6 +826,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--check", action="store_true", help="only report whether a build would change the output")
     p.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
+    p.add_argument(
+        "--hf-token-file",
+        type=Path,
+        metavar="PATH",
+        help="file holding a Hugging Face token for hf: sources (kept off the command line; sets HF_TOKEN "
+        "for this process only)",
+    )
     return p
 
 
@@ -838,6 +845,15 @@ def main(argv: list[str] | None = None) -> int:
         raise JobError("--shard-rows must be a positive integer")
     if not 0 <= a.eval_fraction < 1:
         raise JobError("--eval-fraction must be at least 0 and below 1 (e.g. 0.1 holds out a tenth)")
+    if a.hf_token_file is not None:
+        try:
+            token = a.hf_token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise JobError(
+                f"--hf-token-file {a.hf_token_file} cannot be read: {exc.strerror or exc}"
+            ) from None
+        if token:
+            os.environ["HF_TOKEN"] = token  # read by `datasets`/`huggingface_hub` in this process only
     sources = [parse_source(s) for s in a.source]
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
