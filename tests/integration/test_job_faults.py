@@ -230,3 +230,35 @@ def test_tokenize_names_a_tokenizer_directory_without_tokenizer_files(tmp_path):
     )
     assert r.returncode == 2 and "sentencepiece" not in r.stderr, r.stderr
     assert f"--tokenizer {empty} holds no tokenizer files" in r.stderr, r.stderr
+
+
+def test_tokenize_on_a_full_disk_says_what_was_kept_and_the_next_run_finishes(
+    tmp_path, tmpfs, demo_model_dir
+):
+    comp = tmp_path / "c.jsonl"
+    comp.write_text("".join(json.dumps(completion(i)) + "\n" for i in range(6000)))
+    out = tmpfs / "tokenized"
+    args = [
+        *TOKENIZE,
+        "--input",
+        str(comp),
+        "--output-dir",
+        str(out),
+        "--tokenizer",
+        str(demo_model_dir),
+        "--shard-size",
+        "500",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
+    r = run(args)
+    assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr
+    assert "No space left on device" in r.stderr and "are tokenized and kept (each shard whole)" in r.stderr
+    assert "MB more" in r.stderr, r.stderr
+    status = json.loads((out / "status.json").read_text())
+    assert (status["state"], status["exit_code"]) == ("failed", 5)
+    subprocess.run(["mount", "-o", "remount,size=64m", str(tmpfs)], check=True)
+    again = run(args)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "stats.json").read_text())["samples"] == 6000

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -49,6 +50,7 @@ from regen.fsio import AtomicFile, atomic_write_bytes
 from regen.jobs._common import (
     EXIT_OK,
     JobError,
+    OutputError,
     StatusFile,
     count_lines,
     decode_json_line,
@@ -510,6 +512,18 @@ def _concat(out: Path, names: list[str], sub: str, target: str) -> None:
                 shutil.copyfileobj(src, merged.file, 1 << 20)
 
 
+def _output_failure(out: Path, exc: OSError, written: int, rows_done: int, rows_total: int) -> str:
+    """What a full (or read-only) disk cost: what this run committed and kept, what the rest needs."""
+    used = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
+    left = max(0, rows_total - rows_done)
+    need = f"about {used / rows_done * left / 1e6:.1f} MB more" if rows_done else "more space"
+    return (
+        f"cannot write to {out}: {exc.strerror}; this run committed {written} shard(s): {rows_done} of "
+        f"{rows_total} rows are tokenized and kept (each shard whole), the {left} left are tokenized by the "
+        f"next run and need {need}; free space or choose another --output-dir, and run again"
+    )
+
+
 def _lock(out: Path) -> Any:
     import fcntl
 
@@ -712,6 +726,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     marker = fut.result()
                     written += 1
                     account(marker)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise OutputError(_output_failure(out, exc, written, totals.input_rows, rows_total)) from None
     except BaseException:
         status.maybe_write(lambda: status_doc("interrupted"), force=True, durable=True)
         raise

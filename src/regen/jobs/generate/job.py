@@ -170,7 +170,7 @@ class GenerateJob:
         self.store = ShardStore(
             s.output_dir, kinds=("completions", "dropped"), shard_records=s.shard_records, fsync=s.fsync
         )
-        self.status = StatusFile(s.status_file, s.status_interval)
+        self.status = StatusFile(s.status_file, s.status_interval, job="generate", item="record")
         self.total: int | None = None
         self.started = time.time()
         self._t0 = time.monotonic()
