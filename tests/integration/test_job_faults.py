@@ -262,3 +262,45 @@ def test_tokenize_on_a_full_disk_says_what_was_kept_and_the_next_run_finishes(
     again = run(args)
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "stats.json").read_text())["samples"] == 6000
+
+
+def test_tokenize_refuses_an_id_repeated_across_inputs_but_7_and_quoted_7_are_distinct(
+    tmp_path, demo_model_dir
+):
+    a, b = tmp_path / "in" / "a.jsonl", tmp_path / "in" / "b.jsonl"
+    a.parent.mkdir()
+    a.write_text(json.dumps(completion(1)) + "\n" + json.dumps({**completion(2), "id": 7}) + "\n")
+    b.write_text(json.dumps({**completion(3), "id": "7"}) + "\n")
+    args = [
+        *TOKENIZE,
+        "--input",
+        str(a),
+        "--input",
+        str(b),
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--tokenizer",
+        str(demo_model_dir),
+        "--no-progress",
+        "--json",
+    ]
+    ok = run(args)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["samples"] == 3
+    b.write_text(
+        json.dumps({**completion(3), "id": "7"}) + "\n" + json.dumps({**completion(9), "id": "c1"}) + "\n"
+    )
+    r = run(args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f'1 id(s) occur more than once across the inputs (id "c1" at {a}:1, {b}:2)' in r.stderr, r.stderr
+
+
+def test_ids_with_control_characters_are_rejected(tmp_path):
+    src = tmp_path / "src.jsonl"
+    src.write_text(
+        '{"id": "a\\u0000b", "prompt": "x"}\n{"id": "tab\\tid", "prompt": "y"}\n{"id": "ok", "prompt": "z"}\n'
+    )
+    r = run([*PROMPTS, "--source", str(src), "--output-dir", str(tmp_path / "out")])
+    assert r.returncode == 0 and json.loads(r.stdout)["rejected"] == 2, r.stdout + r.stderr
+    reasons = [json.loads(x)["reason"] for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert all("holds the control character" in x for x in reasons), reasons

@@ -208,7 +208,7 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
     """Yield (1-based line number, raw line without the newline) for non-blank lines, never loading the
     whole file. A final line without a newline is yielded too (input files need not end with one).
     A compressed file cut short raises a `JobError` naming it (not gzip's bare `EOFError`)."""
-    with _readable(path), open_binary(path) as fh:
+    with readable_input(path), open_binary(path) as fh:
         for lineno, raw in enumerate(fh, 1):
             line = raw.rstrip(b"\r\n")
             if line.strip():
@@ -220,14 +220,14 @@ def count_lines(path: str | os.PathLike[str], chunk: int = 1 << 22) -> int:
     file, so a compressed file cut short is found here (a `JobError`), before any work starts."""
     n = 0
     last = b"\n"
-    with _readable(path), open_binary(path) as fh:
+    with readable_input(path), open_binary(path) as fh:
         while block := fh.read(chunk):
             n += block.count(b"\n")
             last = block[-1:]
     return n + (0 if last == b"\n" else 1)
 
 
-class _readable:
+class readable_input:
     """Turns the errors of a damaged compressed file into a `JobError` that names the file."""
 
     def __init__(self, path: str | os.PathLike[str]):

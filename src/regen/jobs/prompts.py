@@ -240,6 +240,10 @@ def row_id(row: Any, turns: list[dict[str, str]], mapping: dict[str, str], prefi
         rid = f"{prefix}{value}"
         if len(rid) > MAX_ID_LENGTH or "\n" in rid:
             raise Reject(f"id {rid[:40]!r}... is longer than {MAX_ID_LENGTH} characters or has a newline")
+        bad = next((c for c in rid if ord(c) < 32 or ord(c) == 127), None)
+        if bad is not None:
+            # a NUL or a control character reads as another id in logs, file names and terminals
+            raise Reject(f"id {rid[:40]!r} holds the control character {bad!r}; ids are printable text")
         return rid
     return f"{prefix}{prompt_key(turns).hex()[:24]}"
 

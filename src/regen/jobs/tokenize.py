@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -54,11 +55,13 @@ from regen.jobs._common import (
     StatusFile,
     count_lines,
     decode_json_line,
+    iter_lines,
     job_parser,
     kv,
     make_progress,
     open_binary,
     prepare_output_dir,
+    readable_input,
     run_main,
     setup_logging,
     want_progress,
@@ -442,6 +445,59 @@ def _shard_stem(path: Path, taken: set[str]) -> str:
     return stem
 
 
+_ID_STRING = re.compile(rb'^\{"id": ?("[^"\\]*")')
+
+
+def id_token(raw: bytes) -> bytes | None:
+    """The id of one input line as its JSON value (`7` and `"7"` differ), or None when it has none."""
+    m = _ID_STRING.match(raw)
+    if m is not None:
+        return m.group(1)
+    try:
+        record = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict) or "id" not in record:
+        return None
+    return json.dumps(record["id"], sort_keys=True).encode("utf-8", "surrogatepass")
+
+
+def duplicate_ids(files: list[Path], limit: int = 5) -> tuple[int, list[tuple[str, list[str]]]]:
+    """Ids that occur more than once across all inputs: (how many, the first `limit` with where each is).
+
+    One streaming pass keeps 16-byte digests in a numpy array (160 MB for ten million rows); only when
+    some repeat does a second pass look for where they are.
+    """
+    import numpy as np
+
+    digests = bytearray()
+    for path in files:
+        for _, raw in iter_lines(path):
+            token = id_token(raw)
+            if token is not None:
+                digests += hashlib.blake2b(token, digest_size=16).digest()
+    if not digests:
+        return 0, []
+    keys = np.frombuffer(bytes(digests), dtype="V16")
+    ordered = np.sort(keys)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(repeated):
+        return 0, []
+    unique = np.unique(repeated)
+    wanted = {bytes(k) for k in unique[:limit]}
+    found: dict[bytes, tuple[bytes, list[str]]] = {}
+    for path in files:
+        for lineno, raw in iter_lines(path):
+            token = id_token(raw)
+            if token is None:
+                continue
+            d = hashlib.blake2b(token, digest_size=16).digest()
+            if d in wanted:
+                found.setdefault(d, (token, []))[1].append(f"{path}:{lineno}")
+    shown = [(token.decode("utf-8", "backslashreplace"), where) for token, where in found.values()]
+    return len(unique), shown
+
+
 def plan_shards(files: list[Path], shard_size: int, settings_fp: str) -> Iterator[ShardTask]:
     """Cut every input file into shards of `shard_size` non-blank lines, streaming; each carries its
     fingerprint (settings + line numbers + bytes), so a changed line or setting redoes exactly its shard."""
@@ -454,7 +510,7 @@ def plan_shards(files: list[Path], shard_size: int, settings_fp: str) -> Iterato
         lines: list[tuple[int, bytes]] = []
         start = first = pos = end = 0
 
-        with open_binary(path) as fh:
+        with readable_input(path), open_binary(path) as fh:
             for lineno, raw in enumerate(fh, 1):
                 line_start, pos = pos, pos + len(raw)
                 line = raw.rstrip(b"\r\n")
@@ -642,6 +698,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     status.arm()  # an error from here on ends as `failed` in status.json (run_main)
     rows_total = sum(count_lines(p) for p in files)
+    repeated, examples = duplicate_ids(files)
+    if repeated:
+        shown = "; ".join(f"id {token} at {', '.join(where[:3])}" for token, where in examples)
+        raise JobError(
+            f"{repeated} id(s) occur more than once across the inputs ({shown}); a training set holds each "
+            'conversation once: remove the copies or give them distinct ids (7 and "7" are distinct ids)'
+        )
     if args.workers > 1:
         from tqdm import tqdm
 
