@@ -171,7 +171,7 @@ def test_a_lone_surrogate_ends_as_an_error_record_not_a_vanished_task(tmp_path):
     status = status_of(out)
     assert (status["state"], status["exit_code"], status["failed"], status["invalid"]) == ("failed", 1, 2, 2)
     todo = json.loads(dry.stdout)
-    assert (todo["pending"], todo["invalid"], todo["complete"]) == (2, 2, False)
+    assert (todo["pending"], todo["invalid"], todo["complete"]) == (0, 2, False)
 
 
 def test_http_401_stops_at_once_and_names_the_key_variable(tmp_path):

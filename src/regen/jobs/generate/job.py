@@ -854,11 +854,12 @@ def dry_run(s: Settings) -> dict[str, Any]:
                 duplicates += 1
             else:
                 pending_ids.add(d)
-                pending += 1
-                try:  # a row no run can generate is pending for ever: count it apart, so it is visible
+                try:  # a row no run can generate is not work left: counted apart, so it stays visible
                     parse_prompt_row(json.loads(raw))
                 except (ValueError, UnicodeDecodeError):
                     invalid += 1
+                else:
+                    pending += 1
         batch.clear()
 
     for path in files:
@@ -884,7 +885,8 @@ def dry_run(s: Settings) -> dict[str, Any]:
         "unreadable": unreadable,
         "invalid": invalid,
         "duplicates": duplicates,
-        "complete": pending == 0 and unreadable == 0,
+        # invalid rows keep it incomplete: the run reports them (errors.jsonl), never a silent pass
+        "complete": pending == 0 and unreadable == 0 and invalid == 0,
         "config_matches": previous is None or previous == s.provenance(),
         "output_dir": str(s.output_dir),
     }
