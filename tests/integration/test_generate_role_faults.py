@@ -75,3 +75,15 @@ def test_the_api_key_and_the_hf_token_reach_the_jobs_in_files_and_never_show(tmp
     assert not (completions / ".api-key").exists(), "the key file lives only while the job runs"
     status = json.loads((tmp_path / "artifacts" / "completions" / "status-localhost.json").read_text())
     assert status["state"] == "done"
+
+
+def test_a_refused_api_key_fails_the_stage_at_once_naming_the_variable(tmp_path):
+    with StubServer(StubConfig(error_rate=1.0, error_status=(401,))) as stub:
+        extra = stage_vars(tmp_path, stub, completions_api_key="sk-wrong-7777")
+        run = run_playbook(PLAYBOOKS, extra_vars=extra, timeout=300)
+        sent = stub.stats["requests"]
+    out = run.output
+    assert run.returncode != 0, out[-4000:]
+    assert "the generation job exited with 2 (bad arguments or input" in out, out[-4000:]
+    assert "HTTP 401" in out and "completions_api_key" in out and "sk-wrong-7777" not in out, out[-4000:]
+    assert sent < 24, "stopped at the first refusals instead of sending every prompt"
