@@ -256,3 +256,52 @@ def test_url_credentials_never_reach_status_errors_or_output(tmp_path):
         assert "s3cret" not in text, name
     assert "alice:***@" in (out / "status.json").read_text()
     assert "s3cret" not in r.stdout + r.stderr
+
+
+def test_edited_and_removed_prompts_move_their_completions_aside_and_only_the_edited_are_redone(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 8)
+    out = tmp_path / "out"
+    with StubServer(StubConfig(record=True)) as stub:
+        assert run(job_args(prompts, out, stub.url)).returncode == 0
+        # an output dir of an older regen: records without their key, run.json without the inputs' hash
+        for shard in out.glob("completions-*.jsonl"):
+            lines = [json.loads(x) for x in shard.read_text().splitlines()]
+            shard.write_text(
+                "".join(json.dumps({k: v for k, v in r.items() if k != "prompt_key"}) + "\n" for r in lines)
+            )
+        (out / "ledger.bin").unlink()
+        run_json = json.loads((out / "run.json").read_text())
+        (out / "run.json").write_text(json.dumps({k: v for k, v in run_json.items() if k != "inputs_sha256"}))
+        sent = len(stub.requests)
+        same = run(job_args(prompts, out, stub.url))
+        assert same.returncode == 0 and len(stub.requests) == sent, "unchanged prompts are not redone"
+        assert not (out / "superseded.jsonl").exists()
+
+        rows = [json.loads(x) for x in prompts.read_text().splitlines()]
+        rows[3]["conversations"][0]["content"] = "an edited question"
+        del rows[7]
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        dry = json.loads(run([*job_args(prompts, out, stub.url), "--dry-run"]).stdout)
+        assert dry["complete"] is False and dry["inputs_changed"] is True
+        edited = run(job_args(prompts, out, stub.url))
+        assert edited.returncode == 0, edited.stderr
+        assert len(stub.requests) == sent + 1, "only the edited prompt is generated again"
+        dry = json.loads(run([*job_args(prompts, out, stub.url), "--dry-run"]).stdout)
+    got = output_ids(out)
+    assert sorted(got) == sorted(ids[:7])
+    records = {
+        json.loads(x)["id"]: json.loads(x)
+        for p in out.glob("completions-*.jsonl")
+        for x in p.read_text().splitlines()
+    }
+    assert records[ids[3]]["conversations"][0]["content"] == "an edited question"
+    aside = [json.loads(x) for x in (out / "superseded.jsonl").read_text().splitlines()]
+    assert sorted((a["reason"], a["record"]["id"]) for a in aside) == [
+        ("orphaned", ids[7]),
+        ("superseded", ids[3]),
+    ]
+    assert aside[0]["record"]["conversations"][0]["content"] != "an edited question"
+    status = status_of(out)
+    assert (status["superseded"], status["orphaned"], status["state"]) == (1, 1, "done")
+    assert dry["complete"] is True and dry["inputs_changed"] is False

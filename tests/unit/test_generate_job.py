@@ -324,6 +324,7 @@ def test_status_file_and_dry_run(tmp_path, stub):
         "invalid": 0,
         "duplicates": 0,
         "complete": False,
+        "inputs_changed": False,
         "config_matches": True,
         "output_dir": str(s.output_dir),
     }

@@ -59,6 +59,7 @@ from regen.jobs.generate.rows import (
     url_secrets,
     verify_manifest,
 )
+from regen.jobs.generate.stale import ASIDE_NAME, input_keys, inputs_digest, prompt_key, stale_reason
 from regen.jobs.status import Status
 
 # HTTP statuses that say the request is not allowed: every other request would be refused the same way.
@@ -184,6 +185,8 @@ class GenerateJob:
         self._fatal: tuple[str, int] | None = None
         self._written_bytes = 0  # record bytes this run wrote (sizes the "needs N more" of a full disk)
         self._written_records = 0
+        self._previous_inputs: str | None = None  # run.json's inputs_sha256: the set last reconciled
+        self._moved: dict[str, int] = {}  # records moved aside this run, by reason
         self._interrupted = 0
         self._inflight: set[bytes] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -232,8 +235,10 @@ class GenerateJob:
         path = self.s.output_dir / "run.json"
         if path.is_file():
             try:
-                previous = json.loads(path.read_text()).get("provenance")
-            except ValueError:
+                doc = json.loads(path.read_text())
+                previous = doc.get("provenance")
+                self._previous_inputs = doc.get("inputs_sha256")
+            except (ValueError, AttributeError):
                 previous = None
             if previous is not None and previous != self._provenance:
                 diffs = [
@@ -251,7 +256,28 @@ class GenerateJob:
                     "settings changed; new completions will carry the new provenance",
                     extra=kv(changes="; ".join(diffs)),
                 )
-        atomic_write_json(path, {"provenance": self._provenance, "generator": f"regen {__version__}"})
+        self._write_run_json(self._previous_inputs)
+
+    def _write_run_json(self, inputs_sha256: str | None) -> None:
+        doc = {"provenance": self._provenance, "generator": f"regen {__version__}"}
+        if inputs_sha256 is not None:
+            doc["inputs_sha256"] = inputs_sha256
+        atomic_write_json(self.s.output_dir / "run.json", doc)
+
+    def set_aside_stale(self, files: list[Path]) -> None:
+        """Completions whose prompt was edited or removed since the last run leave the output for
+        superseded.jsonl (reported, never deleted); the edited prompts are generated again."""
+        digest = inputs_digest(files)
+        if digest == self._previous_inputs:
+            return  # the prompt set is the one last reconciled: every record's key still holds
+        keys = input_keys(files)
+        self._moved = self.store.move_aside(stale_reason(keys), self.s.output_dir / ASIDE_NAME)
+        if self._moved:
+            log.warning(
+                "completions of edited or removed prompts moved aside; the edited ones are generated again",
+                extra=kv(**self._moved, to=str(self.s.output_dir / ASIDE_NAME)),
+            )
+        self._write_run_json(digest)
 
     # ------------------------------------------------------------------ status
 
@@ -303,6 +329,8 @@ class GenerateJob:
             recovery=self.store.report.as_dict(),
             provenance=self._provenance,
             heartbeat_s=self.s.status_interval,
+            superseded=self._moved.get("superseded", 0),
+            orphaned=self._moved.get("orphaned", 0),
         )
 
     def _error_text(self) -> str | None:
@@ -461,6 +489,7 @@ class GenerateJob:
                     ctx.append(conv[i])
             record = {
                 "id": rid,
+                "prompt_key": prompt_key(conv),  # second: read without parsing the record (stale.py)
                 "conversations": out,
                 "finish_reason": turns[-1]["finish_reason"],
                 "truncated": truncated,
@@ -747,6 +776,7 @@ class GenerateJob:
                     extra=kv(**{k: v for k, v in report.as_dict().items() if v}),
                 )
             self.check_config()
+            await asyncio.to_thread(self.set_aside_stale, files)
             errors_path = self.s.output_dir / "errors.jsonl"
             if errors_path.exists():
                 # this run retries those prompts; keep the last run's reasons next to it for reference
@@ -874,10 +904,13 @@ def dry_run(s: Settings) -> dict[str, Any]:
                 flush()
     flush()
     run_json = s.output_dir / "run.json"
-    previous = None
+    previous = previous_inputs = None
     if run_json.is_file():
-        with contextlib.suppress(ValueError):
-            previous = json.loads(run_json.read_text()).get("provenance")
+        with contextlib.suppress(ValueError, AttributeError):
+            doc = json.loads(run_json.read_text())
+            previous, previous_inputs = doc.get("provenance"), doc.get("inputs_sha256")
+    # prompts edited or removed since the last run: their completions are moved aside by the next run
+    inputs_changed = (done > 0 or store.shard_files() != []) and previous_inputs != inputs_digest(files)
     return {
         "total": total,
         "pending": pending,
@@ -886,7 +919,8 @@ def dry_run(s: Settings) -> dict[str, Any]:
         "invalid": invalid,
         "duplicates": duplicates,
         # invalid rows keep it incomplete: the run reports them (errors.jsonl), never a silent pass
-        "complete": pending == 0 and unreadable == 0 and invalid == 0,
+        "complete": pending == 0 and unreadable == 0 and invalid == 0 and not inputs_changed,
+        "inputs_changed": inputs_changed,
         "config_matches": previous is None or previous == s.provenance(),
         "output_dir": str(s.output_dir),
     }
