@@ -9,6 +9,8 @@ Input: the normalized prompt JSONL (`{"id", "conversations": [{"role", "content"
                            finish_reason, truncated, usage, latency, model and sampling provenance
   dropped-NNNNN.jsonl      truncated completions when `--truncated drop`
   errors.jsonl             prompts that failed in this run, with the reason (retried by the next run)
+  superseded.jsonl         completions moved out of the output because their prompt was edited
+                           ("superseded": generated again) or left the set ("orphaned"); never deleted
   ledger.bin, run.json     the id index that makes restarts exactly-once, and the generation settings
   status.json              progress, rewritten atomically every few seconds (the Ansible role polls it)
 Exit codes: 0 every prompt done; 1 some prompts ended in errors.jsonl; 2 bad arguments or input (a
