@@ -87,3 +87,20 @@ def test_a_refused_api_key_fails_the_stage_at_once_naming_the_variable(tmp_path)
     assert "the generation job exited with 2 (bad arguments or input" in out, out[-4000:]
     assert "HTTP 401" in out and "completions_api_key" in out and "sk-wrong-7777" not in out, out[-4000:]
     assert sent < 24, "stopped at the first refusals instead of sending every prompt"
+
+
+def test_a_failed_prompts_job_fails_the_stage_with_its_own_words(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the prompts directory should go\n")
+    extra = {
+        "regen_work_dir": str(tmp_path / "work"),
+        "regen_artifacts_dir": str(tmp_path / "artifacts"),
+        "prompt_data_sources": [{"builtin": "demo"}],
+        "prompt_data_output_dir": str(blocker / "prompts"),
+    }
+    run = run_playbook("playbooks/prompts.yml", extra_vars=extra, timeout=300)
+    out = run.output
+    assert run.returncode != 0 and "the prompts job exited with 5 (the output cannot be written)" in out, out[
+        -3000:
+    ]
+    assert f"lies under {blocker}, which is a file, not a directory" in out, out[-3000:]
