@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -304,3 +305,43 @@ def test_ids_with_control_characters_are_rejected(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["rejected"] == 2, r.stdout + r.stderr
     reasons = [json.loads(x)["reason"] for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert all("holds the control character" in x for x in reasons), reasons
+
+
+def test_sigterm_stops_tokenize_as_interrupted_and_the_next_run_finishes(tmp_path, demo_model_dir):
+    comp = tmp_path / "c.jsonl"
+    comp.write_text("".join(json.dumps(completion(i)) + "\n" for i in range(20_000)))
+    out = tmp_path / "o"
+    args = [
+        *TOKENIZE,
+        "--input",
+        str(comp),
+        "--output-dir",
+        str(out),
+        "--tokenizer",
+        str(demo_model_dir),
+        "--shard-size",
+        "200",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--status-interval",
+        "0.1",
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (out / "status.json").exists() and json.loads((out / "status.json").read_text()).get(
+            "shards_written"
+        ):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "tokenize ended before the signal"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    status = json.loads((out / "status.json").read_text())
+    assert validate(status) == [] and (status["state"], status["exit_code"]) == ("interrupted", 143)
+    assert not list(out.rglob(".*.tmp")), "a temporary file was left behind"
+    again = run(args)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "stats.json").read_text())["samples"] == 20_000

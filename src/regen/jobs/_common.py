@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -49,6 +50,20 @@ class JobError(Exception):
     exit_code = EXIT_USAGE
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the job is (after `stop_on_sigterm`), so it unwinds like Ctrl-C: temporary
+    files are dropped, the status file says `interrupted`, the exit code is 143."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def stop_on_sigterm() -> None:
+    """A synchronous job's SIGTERM unwinds it (`Terminated`) instead of killing it mid-write."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 class OutputError(JobError):
     """The output cannot be written (a file in the way, a read-only filesystem, a full disk)."""
 
@@ -67,10 +82,11 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
         print(f"error: {exc}", file=sys.stderr)
         _fail_status_files(str(exc), exc.exit_code)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        _fail_status_files("interrupted", EXIT_INTERRUPTED, state="interrupted")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        code = EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+        print("terminated" if code == EXIT_TERMINATED else "interrupted", file=sys.stderr)
+        _fail_status_files("stopped by a signal; run again to continue", code, state="interrupted")
+        return code
     except BrokenPipeError:
         return EXIT_OK
     except OSError as exc:

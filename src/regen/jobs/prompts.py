@@ -58,6 +58,7 @@ from ._common import (
     run_main,
     setup_logging,
     sha256_file,
+    stop_on_sigterm,
 )
 
 log = logging.getLogger("regen.jobs.prompts")
@@ -842,6 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    stop_on_sigterm()
     setup_logging(a.log_level, a.log_format)
     if a.sample is not None and a.sample < 1:
         raise JobError("--sample must be a positive integer")

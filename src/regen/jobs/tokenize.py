@@ -64,6 +64,7 @@ from regen.jobs._common import (
     readable_input,
     run_main,
     setup_logging,
+    stop_on_sigterm,
     want_progress,
 )
 from regen.jobs.status import Status
@@ -948,6 +949,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    stop_on_sigterm()
     setup_logging(args.log_level, args.log_format)
     if args.workers == 0:
         affinity = getattr(os, "sched_getaffinity", None)
