@@ -345,3 +345,43 @@ def test_sigterm_stops_tokenize_as_interrupted_and_the_next_run_finishes(tmp_pat
     again = run(args)
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "stats.json").read_text())["samples"] == 20_000
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_tokenize_status_beats_while_a_long_shard_runs(tmp_path, demo_model_dir, workers):
+    from regen.jobs.status import liveness
+
+    comp = tmp_path / "c.jsonl"
+    comp.write_text("".join(json.dumps(completion(i)) + "\n" for i in range(20_000)))
+    out = tmp_path / "o"
+    args = [
+        *TOKENIZE,
+        "--input",
+        str(comp),
+        "--output-dir",
+        str(out),
+        "--tokenizer",
+        str(demo_model_dir),
+        "--shard-size",
+        "20000",
+        "--workers",
+        workers,
+        "--no-progress",
+        "--status-interval",
+        "0.2",
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out / "status.json").exists():
+            time.sleep(0.05)
+        first = json.loads((out / "status.json").read_text())
+        time.sleep(1.0)
+        later = json.loads((out / "status.json").read_text())
+        assert proc.poll() is None, "the one shard finished too soon to watch"
+        # nothing finished (one shard, still running), yet the document was rewritten
+        assert later["done"] == 0 and later["updated_at"] > first["updated_at"]
+        assert later["pid"] == proc.pid and liveness(later) == "alive"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)

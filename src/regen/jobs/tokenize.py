@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from array import array
 from collections.abc import Iterator
@@ -737,8 +738,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shards_done=len(names),
             shards_written=written,
             elapsed_s=round(time.monotonic() - started, 1),
+            heartbeat_s=args.status_interval,
             **final,
         )
+
+    def beat() -> None:
+        """Rewritten every --status-interval even while a long shard runs: pid and updated_at tell a
+        slow job from a dead one (`regen.jobs.status.liveness`)."""
+        # RuntimeError: the counters changed under the heartbeat thread's read; the next beat writes
+        with contextlib.suppress(RuntimeError):
+            status.maybe_write(lambda: status_doc("running"), force=True)
 
     def account(marker: dict[str, Any]) -> None:
         shard = Stats.from_json(marker["stats"])
@@ -751,8 +760,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         status.maybe_write(lambda: status_doc("running"))
 
     status.maybe_write(lambda: status_doc("running"), force=True)
+    beat_every = max(0.05, args.status_interval)
+    stop_beating = threading.Event()
+    beater: threading.Thread | None = None
     try:
         if args.workers <= 1:
+            # shards run on this thread; a thread beats meanwhile (no fork here: no pool of workers)
+            def heartbeat() -> None:
+                while not stop_beating.wait(beat_every):
+                    beat()
+
+            beater = threading.Thread(target=heartbeat, name="status-heartbeat", daemon=True)
+            beater.start()
             for task in plan_shards(files, args.shard_size, fingerprint):
                 names.append(task.name)
                 marker = _committed(out, task)
@@ -781,15 +800,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     inflight.add(pool.submit(process_shard, task))
                     # Bounded: at most two shards per worker queued (a task is a file span, not its data).
                     while len(inflight) >= 2 * args.workers:
-                        done, inflight = wait(inflight, return_when=FIRST_COMPLETED)
+                        # a timeout, not a thread, for the heartbeat: the driver forks workers
+                        done, inflight = wait(inflight, timeout=beat_every, return_when=FIRST_COMPLETED)
                         for fut in done:
                             marker = fut.result()
                             written += 1
                             account(marker)
-                for fut in inflight:
-                    marker = fut.result()
-                    written += 1
-                    account(marker)
+                        beat()
+                while inflight:
+                    done, inflight = wait(inflight, timeout=beat_every, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        marker = fut.result()
+                        written += 1
+                        account(marker)
+                    beat()
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
@@ -798,6 +822,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         status.maybe_write(lambda: status_doc("interrupted"), force=True, durable=True)
         raise
     finally:
+        stop_beating.set()
+        if beater is not None:
+            beater.join()  # no "running" beat may land after the final document
         if progress is not None:
             progress.close()
 
