@@ -21,6 +21,11 @@ keyed hash of (seed, id): the same input and seed give the same sample, whatever
 Output in DIR: `prompts-<fingerprint>-NNNNN.jsonl` shards, `rejects.jsonl` (rows that could not be
 normalized, with the reason), and `manifest.json`, written last, which commits the set. Running again with
 the same sources, contents and options changes nothing (`"changed": false` on stdout).
+One build per directory at a time (`.lock`; a second is refused with the first one's pid).
+
+Exit codes: 0 built or up to date; 2 bad arguments or sources (a damaged .gz, no usable prompt, a second
+build on the same directory); 4 crashed (a bug: traceback on stderr); 5 the output cannot be written (the
+previous set is kept); 130/143 interrupted by SIGINT/SIGTERM (nothing committed).
 """
 
 from __future__ import annotations

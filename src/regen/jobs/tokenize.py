@@ -24,7 +24,10 @@ token; system, user and tool turns and the role headers are 0. See `regen.tokeni
 reasoning policies (--reasoning) and `regen.tokenization.encode` for how the mask meets the tokens.
 
 Exit codes: 0 done (rows left out are counted in stats.json and listed in rejects.jsonl); 2 bad arguments,
-an unusable tokenizer or template, or a mask token id the tokenizer does not have; 130 interrupted.
+an unusable tokenizer or template, a mask token id the tokenizer does not have, a damaged .gz input, or an
+id that occurs twice across the inputs; 4 crashed (a bug: traceback on stderr); 5 the output cannot be
+written (the message says which shards were kept); 130/143 interrupted by SIGINT/SIGTERM. status.json
+says the same (state, exit_code, error) and is rewritten every --status-interval while the job runs.
 """
 
 from __future__ import annotations
