@@ -104,3 +104,22 @@ def test_a_failed_prompts_job_fails_the_stage_with_its_own_words(tmp_path):
         -3000:
     ]
     assert f"lies under {blocker}, which is a file, not a directory" in out, out[-3000:]
+
+
+def test_an_endpoint_password_never_shows_and_the_job_still_uses_it(tmp_path):
+    secret = "pw-route-9191"
+    with StubServer(StubConfig(record=True)) as stub:
+        url = stub.url.replace("http://", f"http://alice:{secret}@")
+        extra = stage_vars(tmp_path, stub, completions_endpoints=[url])
+        run = run_playbook(PLAYBOOKS, "-vvv", extra_vars=extra, timeout=300)
+        assert run.returncode == 0, run.output[-4000:]
+        # aiohttp sends the URL's credentials as Basic auth: the job really used the file's URL
+        assert stub.requests and all(r["authorization"].startswith("Basic ") for r in stub.requests)
+    assert secret not in run.output, "the password showed on a command line or in a task result"
+    completions = tmp_path / "work" / "completions"
+    assert not (completions / ".endpoints").exists()
+    for path in [
+        completions / "status.json",
+        tmp_path / "artifacts" / "completions" / "status-localhost.json",
+    ]:
+        assert secret not in path.read_text() and "alice:***@" in path.read_text()

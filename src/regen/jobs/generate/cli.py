@@ -78,9 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--endpoint",
         action="append",
-        required=True,
         metavar="URL",
         help="server base URL, with or without /v1 (repeatable; or one router URL)",
+    )
+    srv.add_argument(
+        "--endpoints-file",
+        type=Path,
+        metavar="PATH",
+        help="file with more endpoint URLs, one a line (mode 0600: for URLs that carry a password, which "
+        "a command line would show to every user)",
     )
     srv.add_argument("--model", required=True, help="model name the server serves")
     key = srv.add_mutually_exclusive_group()
@@ -183,12 +189,25 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
     clash = RESERVED_BODY_KEYS & set(extra)
     if clash:
         raise JobError(f"--extra-body may not set {sorted(clash)}; use the dedicated flags")
-    for url in a.endpoint:
+    endpoints = list(a.endpoint or [])
+    if (
+        a.endpoints_file is not None and not a.dry_run
+    ):  # the dry run sends nothing (check mode writes no file)
+        try:
+            text = a.endpoints_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise JobError(
+                f"--endpoints-file {a.endpoints_file} cannot be read: {exc.strerror or exc}"
+            ) from None
+        endpoints += [line.strip() for line in text.splitlines() if line.strip()]
+    if not endpoints and not (a.dry_run and a.endpoints_file is not None):
+        raise JobError("no server to ask: give at least one --endpoint URL (or an --endpoints-file)")
+    for url in endpoints:
         normalize_endpoint(url)
     return Settings(
         inputs=a.input,
         output_dir=a.output_dir,
-        endpoints=a.endpoint,
+        endpoints=endpoints,
         model=a.model,
         concurrency=a.concurrency,
         max_tokens=a.max_tokens,

@@ -175,7 +175,9 @@ def normalize_endpoint(url: str) -> str:
     """Base URL (with or without /v1, or the full route) -> the chat-completions URL."""
     u = url.strip().rstrip("/")
     if not (u.startswith("http://") or u.startswith("https://")):
-        raise JobError(f"endpoint {url!r} is not an http(s) URL; pass e.g. --endpoint http://127.0.0.1:30000")
+        raise JobError(
+            f"endpoint {redact_url(url)!r} is not an http(s) URL; pass e.g. --endpoint http://127.0.0.1:30000"
+        )
     if u.endswith("/chat/completions"):
         return u
     if u.endswith("/v1"):
