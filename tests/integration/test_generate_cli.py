@@ -221,7 +221,7 @@ def test_exit_codes_for_done_failed_and_endpoints_down(tmp_path):
         stub.configure(error_rate=1.0, error_status=[422])
         bad = run_job(*job_args(prompts, tmp_path / "bad", stub.url)[3:])
         assert bad.returncode == 1 and "failed=5" in bad.stdout
-        assert "5 prompt(s) failed; reasons in" in bad.stderr
+        assert "5 prompt(s) failed and are retried by the next run; reasons in" in bad.stderr
         stub.configure(error_rate=0.0, down=True)
         down = run_job(*job_args(prompts, tmp_path / "down", stub.url, "--max-outage", "0.5")[3:])
         assert down.returncode == 3 and "state=endpoints_down" in down.stdout

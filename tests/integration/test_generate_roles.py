@@ -58,7 +58,11 @@ def test_prompts_and_generate_stages(tmp_path):
 
         # a failing prompt fails the play with the job's summary and the way out
         rc, changed, out = play(extra)
-        assert rc != 0 and "done=24 failed=2" in out and "errors.jsonl and are retried" in out, out[-4000:]
+        assert (
+            rc != 0
+            and "done=24 failed=2" in out
+            and "errors.jsonl; those that failed on the server side are retried" in out
+        ), out[-4000:]
         completions = tmp_path / "work" / "completions"
         recs = [
             json.loads(x)

@@ -32,8 +32,8 @@ def _record(i: int, **extra) -> dict:
     return {"id": f"p{i}", "conversations": conv, "finish_reason": "stop", "truncated": False, **extra}
 
 
-def write_completions(path: Path, n: int = 40, bad: bool = True) -> None:
-    lines = [json.dumps(_record(i)).encode() for i in range(n)]
+def write_completions(path: Path, n: int = 40, bad: bool = True, start: int = 0) -> None:
+    lines = [json.dumps(_record(i)).encode() for i in range(start, start + n)]
     if bad:
         tool_call = {
             "id": "functions.lookup:0",
@@ -293,7 +293,7 @@ def test_rerun_changes_nothing_and_growth_redoes_only_the_tail(demo_model_dir, c
 
     # A vanished input file takes its shards with it.
     other = completions / "completions-00001.jsonl"
-    write_completions(other, n=3, bad=False)
+    write_completions(other, n=3, bad=False, start=1000)  # ids of its own: a repeated id is refused
     assert run(demo_model_dir, completions, out, "--json") == 0
     assert json.loads(capsys.readouterr().out)["shards_written"] == 5
     other.unlink()

@@ -321,8 +321,10 @@ def test_status_file_and_dry_run(tmp_path, stub):
         "pending": 4,
         "done": 0,
         "unreadable": 0,
+        "invalid": 0,
         "duplicates": 0,
         "complete": False,
+        "inputs_changed": False,
         "config_matches": True,
         "output_dir": str(s.output_dir),
     }

@@ -219,3 +219,53 @@ def test_dropped_kind_is_a_separate_file_and_counts_as_done(tmp_path):
     assert again.report.done_by_kind == {"completions": 1, "dropped": 1}
     assert all(again.index.contains_many([id_digest("a"), id_digest("t")]))
     again.close()
+
+
+def _doomed(ids):
+    wanted = {i.encode() for i in ids}
+
+    def reason(raw: bytes):
+        return "orphaned" if line_id(raw).encode() in wanted else None
+
+    return reason
+
+
+def test_move_aside_keeps_the_rest_and_rebuilds_the_ledger(tmp_path):
+    write_records(tmp_path, [f"r{i}" for i in range(6)], shard_records=4)
+    store = reopen(tmp_path, shard_records=4)
+    counts = store.move_aside(_doomed({"r1", "r4", "r5"}), tmp_path / "aside.jsonl")
+    assert counts == {"orphaned": 3}
+    assert sorted(shard_ids(tmp_path)) == ["r0", "r2", "r3"]
+    assert id_digest("r1") not in store.index and id_digest("r2") in store.index
+    store.append([(0, id_digest("r9"), line("r9"))])  # the store writes on as before
+    store.close()
+    aside = [json.loads(x) for x in (tmp_path / "aside.jsonl").read_text().splitlines()]
+    assert [(a["reason"], a["record"]["id"]) for a in aside] == [("orphaned", i) for i in ("r1", "r4", "r5")]
+    again = reopen(tmp_path, read_only=True)
+    assert sorted(again.index.contains_many([id_digest(f"r{i}") for i in (0, 1, 2, 3, 9)])) == [
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
+
+
+def test_a_kill_inside_move_aside_loses_nothing_and_the_next_move_finishes_it(tmp_path, monkeypatch):
+    write_records(tmp_path, [f"r{i}" for i in range(6)], shard_records=4)
+    store = reopen(tmp_path, shard_records=4)
+
+    def killed(*args):
+        raise KeyboardInterrupt  # stands in for a SIGKILL after the ledger is gone, before any rewrite
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.move_aside(_doomed({"r1"}), tmp_path / "aside.jsonl")
+    monkeypatch.undo()
+    store.close()
+    assert not (tmp_path / LEDGER_NAME).exists()
+    store = reopen(tmp_path, shard_records=4)  # the ledger is rebuilt from the untouched shards
+    assert sorted(shard_ids(tmp_path)) == [f"r{i}" for i in range(6)]
+    assert store.move_aside(_doomed({"r1"}), tmp_path / "aside.jsonl") == {"orphaned": 1}
+    store.close()
+    assert sorted(shard_ids(tmp_path)) == ["r0", "r2", "r3", "r4", "r5"]

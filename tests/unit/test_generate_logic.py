@@ -263,3 +263,15 @@ def test_endpoint_pool_prefers_the_least_loaded_and_keeps_affinity():
         pool.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("rid", "reason"),
+    [("a\x00b", "holds the control character '\\x00'"), ("x\ud800", "holds a lone surrogate (\\ud800")],
+)
+def test_ids_with_control_characters_or_lone_surrogates_are_invalid_rows(rid, reason):
+    from regen.jobs.generate import BadRow, parse_prompt_row
+
+    with pytest.raises(BadRow) as caught:
+        parse_prompt_row({"id": rid, "conversations": [{"role": "user", "content": "hi"}]})
+    assert reason in str(caught.value)

@@ -242,7 +242,8 @@ def test_second_build_changes_nothing_and_a_content_change_rebuilds(tmp_path):
     assert len(rows) == 11
     # shards of the old set are gone, only the manifest's remain
     names = {p.name for p in out.iterdir()}
-    assert names == {s["path"] for s in manifest["shards"]} | {"manifest.json", "rejects.jsonl"}
+    # (.lock: the builders' lock, one builder per directory)
+    assert names == {s["path"] for s in manifest["shards"]} | {"manifest.json", "rejects.jsonl", ".lock"}
 
 
 def test_sampling_is_reproducible_and_order_independent(tmp_path):
@@ -332,6 +333,7 @@ def test_a_failed_build_leaves_the_previous_set_intact(tmp_path, monkeypatch):
     assert {p.name for p in out.iterdir()} == {s["path"] for s in manifest["shards"]} | {
         "manifest.json",
         "rejects.jsonl",
+        ".lock",
     }
 
 

@@ -9,6 +9,8 @@ whose venv carries nothing else.
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
 import gzip
 import hashlib
 import json
@@ -16,40 +18,175 @@ import logging
 import math
 import os
 import random
+import signal
 import sys
+import tempfile
 import time
+import traceback
+import weakref
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from regen.fsio import atomic_write_json
+from regen.fsio import atomic_write_json, json_text
 
 log = logging.getLogger("regen.jobs")
 
-# Exit codes shared by the jobs; scripts and the roles rely on them.
+# Exit codes shared by the jobs; scripts and the roles rely on them (the README's "Exit codes" section).
 EXIT_OK = 0
 EXIT_FAILED_RECORDS = 1  # the job ran, some records ended in the errors file
 EXIT_USAGE = 2  # bad arguments or bad input that stops the whole job (argparse uses 2 as well)
 EXIT_UNAVAILABLE = 3  # the job stopped early because what it depends on stayed down
-EXIT_INTERRUPTED = 130
+EXIT_CRASHED = 4  # an unexpected error (a bug): the traceback is on stderr, the reason in status.json
+EXIT_OUTPUT = 5  # the output cannot be written: not a directory, read-only, or the disk is full
+EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM is 143
+EXIT_TERMINATED = 143
 
 
 class JobError(Exception):
     """A problem the user can fix; the message names what is wrong and how to fix it."""
 
+    exit_code = EXIT_USAGE
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the job is (after `stop_on_sigterm`), so it unwinds like Ctrl-C: temporary
+    files are dropped, the status file says `interrupted`, the exit code is 143."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def stop_on_sigterm() -> None:
+    """A synchronous job's SIGTERM unwinds it (`Terminated`) instead of killing it mid-write."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+class OutputError(JobError):
+    """The output cannot be written (a file in the way, a read-only filesystem, a full disk)."""
+
+    exit_code = EXIT_OUTPUT
+
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run a job's main, turning a `JobError` into one readable line instead of a traceback."""
+    """Run a job's main: a `JobError` becomes one readable line, anything else a crash (exit 4).
+
+    Either way the job's status file (every `StatusFile` that `arm()`ed itself) is rewritten to say
+    `failed`, with the reason and the exit code, so that no reader is left with `running`.
+    """
     try:
         return main(argv)
     except JobError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        _fail_status_files(str(exc), exc.exit_code)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
+        code = EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+        print("terminated" if code == EXIT_TERMINATED else "interrupted", file=sys.stderr)
+        _fail_status_files("stopped by a signal; run again to continue", code, state="interrupted")
+        return code
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as exc:
+        described = describe_os_error(exc)
+        if described is None:
+            return _crashed(exc)
+        print(f"error: {described}", file=sys.stderr)
+        _fail_status_files(described, EXIT_OUTPUT)
+        return EXIT_OUTPUT
+    except Exception as exc:  # the last line of defence: report, never pass silently
+        return _crashed(exc)
+
+
+def _crashed(exc: BaseException) -> int:
+    traceback.print_exc(file=sys.stderr)
+    reason = f"the job crashed: {type(exc).__name__}: {exc}"
+    print(f"error: {reason} (a bug: please report it with the traceback above)", file=sys.stderr)
+    _fail_status_files(reason, EXIT_CRASHED)
+    return EXIT_CRASHED
+
+
+# Errors of the filesystem that the user fixes (not bugs), and what to do about each.
+_OS_ERRORS = {
+    errno.ENOSPC: "the disk is full; free space there (or choose another output directory) and run again",
+    errno.EDQUOT: "the disk quota is exhausted; free space there and run again",
+    errno.EROFS: "the filesystem is read-only; choose a writable output directory",
+    errno.EACCES: "permission denied; choose a directory this user can write, or fix its permissions",
+    errno.EPERM: "permission denied; choose a directory this user can write, or fix its permissions",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; choose another path",
+    errno.EISDIR: "it is a directory where a file was expected",
+}
+
+
+def describe_os_error(exc: OSError) -> str | None:
+    """One line for a filesystem error a user can fix (full disk, read-only, in the way), else None."""
+    hint = _OS_ERRORS.get(exc.errno or -1)
+    if hint is None:
+        return None
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}: {hint}"
+
+
+def prepare_output_dir(path: str | os.PathLike[str], flag: str = "--output-dir") -> Path:
+    """Create the output directory, or say exactly why it cannot be written (an `OutputError`)."""
+    out = Path(path)
+    for parent in [out, *out.parents]:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                where = "is" if parent == out else f"lies under {parent}, which is"
+                raise OutputError(f"{flag} {out} {where} a file, not a directory; choose another path")
+            break
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # os.access ignores what root may do on a read-only mount; a real file says it as it is
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        hint = _OS_ERRORS.get(exc.errno or -1, "choose another path")
+        raise OutputError(f"{flag} {out} cannot be written: {exc.strerror or exc}: {hint}") from None
+    return out
+
+
+class DirectoryLock:
+    """One job per output directory: an advisory `flock` on DIR/NAME that holds the holder's pid.
+
+    The kernel releases it when the process dies, so a killed job never leaves a stale lock.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], what: str, name: str = ".lock"):
+        self.path = Path(directory) / name
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> DirectoryLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise JobError(
+                f"another {self.what} job (pid {holder}) is writing {self.path.parent}; wait for it to "
+                "finish or stop it, then run again"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DirectoryLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,8 +222,9 @@ def open_binary(path: str | os.PathLike[str]) -> BinaryIO:
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
     """Yield (1-based line number, raw line without the newline) for non-blank lines, never loading the
-    whole file. A final line without a newline is yielded too (input files need not end with one)."""
-    with open_binary(path) as fh:
+    whole file. A final line without a newline is yielded too (input files need not end with one).
+    A compressed file cut short raises a `JobError` naming it (not gzip's bare `EOFError`)."""
+    with readable_input(path), open_binary(path) as fh:
         for lineno, raw in enumerate(fh, 1):
             line = raw.rstrip(b"\r\n")
             if line.strip():
@@ -94,14 +232,33 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
 
 
 def count_lines(path: str | os.PathLike[str], chunk: int = 1 << 22) -> int:
-    """Count non-empty lines quickly (newline count plus an unterminated last line); used for ETA only."""
+    """Count non-empty lines quickly (newline count plus an unterminated last line); reads the whole
+    file, so a compressed file cut short is found here (a `JobError`), before any work starts."""
     n = 0
     last = b"\n"
-    with open_binary(path) as fh:
+    with readable_input(path), open_binary(path) as fh:
         while block := fh.read(chunk):
             n += block.count(b"\n")
             last = block[-1:]
     return n + (0 if last == b"\n" else 1)
+
+
+class readable_input:
+    """Turns the errors of a damaged compressed file into a `JobError` that names the file."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.fspath(path)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, EOFError | gzip.BadGzipFile | zlib.error):
+            raise JobError(
+                f"{self.path} is cut short or damaged ({type(exc).__name__}: {exc or 'unexpected end'}); "
+                "copy or build it again (gzip -t checks a .gz file)"
+            ) from None
+        return False
 
 
 def decode_json_line(raw: bytes) -> tuple[Any, str | None]:
@@ -204,30 +361,111 @@ def kv(**fields: Any) -> dict[str, Any]:
     return {"kv": fields}
 
 
+_ARMED: weakref.WeakSet[StatusFile] = weakref.WeakSet()
+
+
+def _fail_status_files(error: str, exit_code: int, state: str = "failed") -> None:
+    for status in list(_ARMED):
+        status.finish(state=state, error=error, exit_code=exit_code)
+
+
 class StatusFile:
     """A JSON status document, atomically replaced at most every `interval` seconds (and on demand).
 
     Not fsync'd on each update: it is a progress report, rewritten constantly; the final write is durable.
+    Once `arm()`ed, a job that ends by an error (`run_main`) gets its document rewritten as `failed`.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, interval: float = 2.0):
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        interval: float = 2.0,
+        *,
+        job: str | None = None,
+        item: str = "record",
+    ):
         self.path = Path(path) if path else None
         self.interval = interval
+        self.job = job
+        self.item = item
         self._last = 0.0
+        self._build: Callable[[], dict[str, Any]] | None = None
+        self._doc: dict[str, Any] | None = None
+
+    def arm(self) -> StatusFile:
+        """Report this job's end in this file even when it ends by an exception (see `run_main`)."""
+        _ARMED.add(self)
+        return self
+
+    def disarm(self) -> None:
+        _ARMED.discard(self)
 
     def maybe_write(
         self, build: Callable[[], dict[str, Any]], *, force: bool = False, durable: bool = False
     ) -> None:
         if self.path is None:
             return
+        self._build = build
         now = time.monotonic()
         if not force and now - self._last < self.interval:
             return
         self._last = now
+        self._write(build(), durable=durable)
+
+    def _write(self, doc: dict[str, Any], *, durable: bool) -> None:
+        self._doc = doc
         try:
-            atomic_write_json(self.path, build(), durable=durable)
+            atomic_write_json(self.path, doc, durable=durable)
         except OSError as exc:  # a full disk must not kill the job over a progress report
+            if durable and self._overwrite_in_place(doc):
+                return
             log.warning("could not write status file", extra=kv(path=str(self.path), error=str(exc)))
+
+    def _overwrite_in_place(self, doc: dict[str, Any]) -> bool:
+        """The final document on a full disk: the temporary file of an atomic write finds no free block,
+        but the old document's own blocks are there to reuse. Not atomic; better than a stale `running`."""
+        assert self.path is not None
+        data = json_text(doc).encode()
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+        except OSError:
+            return False
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def finish(self, *, state: str, error: str | None, exit_code: int) -> None:
+        """The final document of a job that ended by an error: its last counts, the state and the reason."""
+        self.disarm()
+        if self.path is None:
+            return
+        from regen.jobs.status import Status
+
+        doc: dict[str, Any] | None = None
+        if self._build is not None:
+            try:
+                doc = self._build()
+            except Exception:  # the job is already failing; fall back to the last document
+                doc = self._doc
+        if doc is None:
+            doc = Status(job=self.job or "job", state=state, item=self.item, line="").document()
+        job = doc.get("job") or self.job or "job"
+        doc = dict(
+            doc,
+            state=state,
+            error=error,
+            exit_code=exit_code,
+            line=f"{job}: state={state} exit_code={exit_code}: {error}",
+            pid=os.getpid(),
+            updated_at=time.time(),
+        )
+        self._write(doc, durable=True)
 
 
 def want_progress(flag: bool | None) -> bool:

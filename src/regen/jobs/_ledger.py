@@ -54,7 +54,8 @@ _ID_FAST = re.compile(rb'^\{"id": ?"([^"\\]*)"')
 
 def id_digest(record_id: str) -> bytes:
     """The 16-byte key of an id (collisions: ~n^2/2^129, i.e. never at any realistic size)."""
-    return hashlib.blake2b(record_id.encode("utf-8"), digest_size=16).digest()
+    # surrogatepass: an id holding an escaped lone surrogate ("\\ud800") is a row to reject, not a crash
+    return hashlib.blake2b(record_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _split_digests(digests: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
@@ -458,6 +459,67 @@ class ShardStore:
             if self.fsync:
                 os.fsync(cur.fd)
             del buffers[num]
+
+    def move_aside(self, reason_for, aside: Path) -> dict[str, int]:
+        """Move every record line for which `reason_for(line)` names a reason out of the shards into
+        `aside` (one `{"reason", "shard", "record"}` object per line), then rebuild the ledger.
+
+        For records that later stages must not read (superseded by an edited prompt, orphaned by a removed
+        one): moved, never deleted. Call right after `open()`, before any `append`. Crash-safe in this
+        order: the moved lines are durable in `aside` first; the ledger goes next (a rebuilt ledger never
+        points into a rewritten shard); then each shard is replaced atomically. A kill in between leaves
+        the stale lines in their shards, found and moved again by the next run (the aside file may then
+        hold a line twice; the shards never do).
+        """
+        if self.read_only or self._ledger_fd is None or self._current:
+            raise RuntimeError("move_aside needs a store just opened for writing")
+        plan: list[tuple[Path, list[bytes], list[bytes]]] = []
+        counts: dict[str, int] = {}
+        moved: list[bytes] = []
+        for path in self.shard_files():
+            keep: list[bytes] = []
+            gone: list[bytes] = []
+            with open(path, "rb") as fh:
+                for raw in fh:
+                    reason = reason_for(raw.rstrip(b"\n"))
+                    if reason is None:
+                        keep.append(raw)
+                        continue
+                    gone.append(raw)
+                    counts[reason] = counts.get(reason, 0) + 1
+                    moved.append(
+                        b'{"reason": %s, "shard": %s, "record": %s}\n'
+                        % (json.dumps(reason).encode(), json.dumps(path.name).encode(), raw.rstrip(b"\n"))
+                    )
+            if gone:
+                plan.append((path, keep, gone))
+        if not plan:
+            return counts
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            write_all(fd, b"".join(moved))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.close(self._ledger_fd)
+        self._ledger_fd = None
+        os.unlink(self.dir / LEDGER_NAME)
+        fsync_dir(self.dir)
+        for path, keep, _ in plan:
+            if keep:
+                tmp = path.with_name(f".{path.name}.rewrite.tmp")
+                with open(tmp, "wb") as fh:
+                    fh.write(b"".join(keep))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            else:
+                os.unlink(path)
+        fsync_dir(self.dir)
+        self.index = IdIndex()
+        self.report = OpenReport()
+        self._reconcile()
+        return counts
 
     def sync(self) -> None:
         if self._ledger_fd is not None and self.fsync:

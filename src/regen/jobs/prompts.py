@@ -21,12 +21,18 @@ keyed hash of (seed, id): the same input and seed give the same sample, whatever
 Output in DIR: `prompts-<fingerprint>-NNNNN.jsonl` shards, `rejects.jsonl` (rows that could not be
 normalized, with the reason), and `manifest.json`, written last, which commits the set. Running again with
 the same sources, contents and options changes nothing (`"changed": false` on stdout).
+One build per directory at a time (`.lock`; a second is refused with the first one's pid).
+
+Exit codes: 0 built or up to date; 2 bad arguments or sources (a damaged .gz, no usable prompt, a second
+build on the same directory); 4 crashed (a bug: traceback on stderr); 5 the output cannot be written (the
+previous set is kept); 130/143 interrupted by SIGINT/SIGTERM (nothing committed).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import heapq
 import json
@@ -45,15 +51,19 @@ from regen.fsio import AtomicFile, atomic_write_json, fsync_dir
 from .. import __version__
 from ._common import (
     EXIT_OK,
+    DirectoryLock,
     JobError,
+    OutputError,
     canonical_json,
     decode_json_line,
     iter_lines,
     job_parser,
     kv,
+    prepare_output_dir,
     run_main,
     setup_logging,
     sha256_file,
+    stop_on_sigterm,
 )
 
 log = logging.getLogger("regen.jobs.prompts")
@@ -197,6 +207,29 @@ def validate_conversation(turns: list[dict[str, str]]) -> list[dict[str, str]]:
     return turns
 
 
+def lone_surrogate(rid: str, turns: list[dict[str, str]]) -> str | None:
+    """Why a row cannot be kept when its id or a turn holds a lone surrogate (JSON may escape one:
+    "\\ud800"), which no UTF-8 file or server takes; None when the row is valid Unicode."""
+    for what, text in [("the id", rid)] + [
+        (f"turn {i} ({t['role']})", t["content"]) for i, t in enumerate(turns)
+    ]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            char = text[exc.start : exc.end].encode("unicode_escape").decode()
+            return (
+                f"{what} holds a lone surrogate ({char} at character {exc.start}), which is not valid Unicode"
+            )
+    return None
+
+
+def _json_line(doc: Any) -> bytes:
+    try:
+        return json.dumps(doc, ensure_ascii=False).encode() + b"\n"
+    except UnicodeEncodeError:  # a lone surrogate in a rejected row: escaped, the line stays valid UTF-8
+        return json.dumps(doc).encode() + b"\n"
+
+
 def prompt_key(turns: list[dict[str, str]]) -> bytes:
     """Identity of what will be asked: roles plus system/user text (assistant text is regenerated)."""
     side = [[t["role"], t["content"] if t["role"] != "assistant" else ""] for t in turns]
@@ -213,6 +246,10 @@ def row_id(row: Any, turns: list[dict[str, str]], mapping: dict[str, str], prefi
         rid = f"{prefix}{value}"
         if len(rid) > MAX_ID_LENGTH or "\n" in rid:
             raise Reject(f"id {rid[:40]!r}... is longer than {MAX_ID_LENGTH} characters or has a newline")
+        bad = next((c for c in rid if ord(c) < 32 or ord(c) == 127), None)
+        if bad is not None:
+            # a NUL or a control character reads as another id in logs, file names and terminals
+            raise Reject(f"id {rid[:40]!r} holds the control character {bad!r}; ids are printable text")
         return rid
     return f"{prefix}{prompt_key(turns).hex()[:24]}"
 
@@ -559,7 +596,35 @@ def build(
     if check:
         return {"changed": True, "manifest": str(out / "manifest.json"), "fingerprint": fp}
 
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(out)
+    # one builder per directory: a second one is refused with the first one's pid (two would swap
+    # shards and manifests under each other)
+    with DirectoryLock(out, "prompts"):
+        try:
+            return _build(
+                sources, out, fp, sample=sample, seed=seed, shard_rows=shard_rows, eval_fraction=eval_fraction
+            )
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise
+            raise OutputError(
+                f"cannot write the prompt set to {out}: {exc.strerror}; nothing was committed (the "
+                "manifest is written last): the previous prompt set there, if any, is kept as it was, and "
+                "the next build sweeps the shards this one left; free space (the sources' size is a fair "
+                "estimate of what the set needs) or choose another --output-dir, and run again"
+            ) from None
+
+
+def _build(
+    sources: list[Source],
+    out: Path,
+    fp: str,
+    *,
+    sample: int | None,
+    seed: int,
+    shard_rows: int,
+    eval_fraction: float,
+) -> dict[str, Any]:
     t0 = time.monotonic()
     counts = Counts()
     writer = _ShardWriter(out, fp[:8], shard_rows)
@@ -586,7 +651,7 @@ def build(
         counts.per_source[src.name]["rejected"] += 1
         excerpt = row if isinstance(row, str) else json.dumps(row, ensure_ascii=False, default=str)
         doc = {"source": src.name, "where": where, "reason": reason, "row": excerpt[:REJECT_EXCERPT]}
-        rejects.write(json.dumps(doc, ensure_ascii=False).encode() + b"\n")
+        rejects.write(_json_line(doc))
 
     def admit(src: Source, rid: str, turns: list, pkey: bytes, o: int, where: str) -> bool:
         """Dedup against rows already in the set; True when the row is new."""
@@ -640,6 +705,10 @@ def build(
                     rid = row_id(row, turns, src.mapping, src.id_prefix)
                 except Reject as exc:
                     reject(src, where, str(exc), row)
+                    continue
+                bad_unicode = lone_surrogate(rid, turns)
+                if bad_unicode is not None:
+                    reject(src, where, bad_unicode, row)
                     continue
                 pkey = prompt_key(turns)
                 order += 1
@@ -767,11 +836,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--check", action="store_true", help="only report whether a build would change the output")
     p.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
+    p.add_argument(
+        "--hf-token-file",
+        type=Path,
+        metavar="PATH",
+        help="file holding a Hugging Face token for hf: sources (kept off the command line; sets HF_TOKEN "
+        "for this process only)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    stop_on_sigterm()
     setup_logging(a.log_level, a.log_format)
     if a.sample is not None and a.sample < 1:
         raise JobError("--sample must be a positive integer")
@@ -779,6 +856,15 @@ def main(argv: list[str] | None = None) -> int:
         raise JobError("--shard-rows must be a positive integer")
     if not 0 <= a.eval_fraction < 1:
         raise JobError("--eval-fraction must be at least 0 and below 1 (e.g. 0.1 holds out a tenth)")
+    if a.hf_token_file is not None:
+        try:
+            token = a.hf_token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise JobError(
+                f"--hf-token-file {a.hf_token_file} cannot be read: {exc.strerror or exc}"
+            ) from None
+        if token:
+            os.environ["HF_TOKEN"] = token  # read by `datasets`/`huggingface_hub` in this process only
     sources = [parse_source(s) for s in a.source]
     names = [s.name for s in sources]
     if len(set(names)) != len(names):

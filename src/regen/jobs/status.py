@@ -110,3 +110,37 @@ def from_document(doc: object) -> Status | None:
         return None
     assert isinstance(doc, Mapping)
     return Status(**{key: doc[key] for key in KEYS})
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def liveness(doc: Mapping[str, Any], now: float | None = None, *, grace: float = 3.0) -> str:
+    """What a reader on the job's host can tell from a status document:
+
+    `finished` (a final state), `alive` (its pid runs and the heartbeat is fresh), `silent` (its pid runs
+    but no heartbeat for `grace` heartbeats: stuck, or the disk refuses the file), `dead` (its pid is gone
+    without a final state: killed, e.g. SIGKILL or the OOM killer). The heartbeat interval is the job's
+    own `heartbeat_s` where it reports one.
+    """
+    if doc.get("state") in FINAL_STATES:
+        return "finished"
+    pid = doc.get("pid")
+    if not isinstance(pid, int) or not pid_alive(pid):
+        return "dead"
+    beat = doc.get("heartbeat_s")
+    interval = beat if _is_number(beat) and beat > 0 else 2.0
+    age = (time.time() if now is None else now) - float(doc.get("updated_at") or 0)
+    return "alive" if age <= grace * interval + 1.0 else "silent"

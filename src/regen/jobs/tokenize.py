@@ -24,19 +24,25 @@ token; system, user and tool turns and the role headers are 0. See `regen.tokeni
 reasoning policies (--reasoning) and `regen.tokenization.encode` for how the mask meets the tokens.
 
 Exit codes: 0 done (rows left out are counted in stats.json and listed in rejects.jsonl); 2 bad arguments,
-an unusable tokenizer or template, or a mask token id the tokenizer does not have; 130 interrupted.
+an unusable tokenizer or template, a mask token id the tokenizer does not have, a damaged .gz input, or an
+id that occurs twice across the inputs; 4 crashed (a bug: traceback on stderr); 5 the output cannot be
+written (the message says which shards were kept); 130/143 interrupted by SIGINT/SIGTERM. status.json
+says the same (state, exit_code, error) and is rewritten every --status-interval while the job runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
+import threading
 import time
 from array import array
 from collections.abc import Iterator
@@ -49,15 +55,20 @@ from regen.fsio import AtomicFile, atomic_write_bytes
 from regen.jobs._common import (
     EXIT_OK,
     JobError,
+    OutputError,
     StatusFile,
     count_lines,
     decode_json_line,
+    iter_lines,
     job_parser,
     kv,
     make_progress,
     open_binary,
+    prepare_output_dir,
+    readable_input,
     run_main,
     setup_logging,
+    stop_on_sigterm,
     want_progress,
 )
 from regen.jobs.status import Status
@@ -121,10 +132,38 @@ def tokenizer_digest(model_dir: Path) -> str:
 _CTX: dict[str, Any] = {}
 
 
+# Files one of which a tokenizer directory holds (fast, SentencePiece, tiktoken, BPE/WordPiece vocabularies).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tiktoken.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def check_tokenizer_dir(path: str) -> None:
+    """A directory without any tokenizer file is named as such: transformers would otherwise blame a
+    missing sentencepiece or tiktoken package, which is installed."""
+    p = Path(path)
+    if not p.exists():
+        raise JobError(f"--tokenizer {path}: no such directory; point it at the model directory")
+    if not p.is_dir():
+        return
+    if any((p / name).is_file() for name in TOKENIZER_FILES) or any(p.glob("*.tiktoken")):
+        return
+    raise JobError(
+        f"--tokenizer {path} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)} or *.tiktoken); "
+        "point it at the model directory that holds them, or copy them there from the model"
+    )
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = True) -> Any:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # our parallelism is processes
     from transformers import AutoTokenizer
 
+    check_tokenizer_dir(path)
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:
@@ -411,6 +450,59 @@ def _shard_stem(path: Path, taken: set[str]) -> str:
     return stem
 
 
+_ID_STRING = re.compile(rb'^\{"id": ?("[^"\\]*")')
+
+
+def id_token(raw: bytes) -> bytes | None:
+    """The id of one input line as its JSON value (`7` and `"7"` differ), or None when it has none."""
+    m = _ID_STRING.match(raw)
+    if m is not None:
+        return m.group(1)
+    try:
+        record = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict) or "id" not in record:
+        return None
+    return json.dumps(record["id"], sort_keys=True).encode("utf-8", "surrogatepass")
+
+
+def duplicate_ids(files: list[Path], limit: int = 5) -> tuple[int, list[tuple[str, list[str]]]]:
+    """Ids that occur more than once across all inputs: (how many, the first `limit` with where each is).
+
+    One streaming pass keeps 16-byte digests in a numpy array (160 MB for ten million rows); only when
+    some repeat does a second pass look for where they are.
+    """
+    import numpy as np
+
+    digests = bytearray()
+    for path in files:
+        for _, raw in iter_lines(path):
+            token = id_token(raw)
+            if token is not None:
+                digests += hashlib.blake2b(token, digest_size=16).digest()
+    if not digests:
+        return 0, []
+    keys = np.frombuffer(bytes(digests), dtype="V16")
+    ordered = np.sort(keys)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(repeated):
+        return 0, []
+    unique = np.unique(repeated)
+    wanted = {bytes(k) for k in unique[:limit]}
+    found: dict[bytes, tuple[bytes, list[str]]] = {}
+    for path in files:
+        for lineno, raw in iter_lines(path):
+            token = id_token(raw)
+            if token is None:
+                continue
+            d = hashlib.blake2b(token, digest_size=16).digest()
+            if d in wanted:
+                found.setdefault(d, (token, []))[1].append(f"{path}:{lineno}")
+    shown = [(token.decode("utf-8", "backslashreplace"), where) for token, where in found.values()]
+    return len(unique), shown
+
+
 def plan_shards(files: list[Path], shard_size: int, settings_fp: str) -> Iterator[ShardTask]:
     """Cut every input file into shards of `shard_size` non-blank lines, streaming; each carries its
     fingerprint (settings + line numbers + bytes), so a changed line or setting redoes exactly its shard."""
@@ -423,7 +515,7 @@ def plan_shards(files: list[Path], shard_size: int, settings_fp: str) -> Iterato
         lines: list[tuple[int, bytes]] = []
         start = first = pos = end = 0
 
-        with open_binary(path) as fh:
+        with readable_input(path), open_binary(path) as fh:
             for lineno, raw in enumerate(fh, 1):
                 line_start, pos = pos, pos + len(raw)
                 line = raw.rstrip(b"\r\n")
@@ -479,6 +571,18 @@ def _concat(out: Path, names: list[str], sub: str, target: str) -> None:
         for name in names:
             with open(out / sub / f"{name}.jsonl", "rb") as src:
                 shutil.copyfileobj(src, merged.file, 1 << 20)
+
+
+def _output_failure(out: Path, exc: OSError, written: int, rows_done: int, rows_total: int) -> str:
+    """What a full (or read-only) disk cost: what this run committed and kept, what the rest needs."""
+    used = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
+    left = max(0, rows_total - rows_done)
+    need = f"about {used / rows_done * left / 1e6:.1f} MB more" if rows_done else "more space"
+    return (
+        f"cannot write to {out}: {exc.strerror}; this run committed {written} shard(s): {rows_done} of "
+        f"{rows_total} rows are tokenized and kept (each shard whole), the {left} left are tokenized by the "
+        f"next run and need {need}; free space or choose another --output-dir, and run again"
+    )
 
 
 def _lock(out: Path) -> Any:
@@ -586,7 +690,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ) from None
         mask_doc = {"id": settings.mask_token_id, "token": token, "in_vocab": True}
 
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(out)
     lock = _lock(out)  # held until the process exits; the kernel drops it if the process is killed
     # Temporary files of a killed run: their shards have no marker (or an old one) and are redone below.
     for leftover in [
@@ -594,8 +698,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         *(p for sub in ("data", "conversations", "rejects", "state") for p in (out / sub).glob(".*.tmp")),
     ]:
         leftover.unlink(missing_ok=True)
-    status = StatusFile(args.status_file or out / "status.json", interval=args.status_interval)
+    status = StatusFile(
+        args.status_file or out / "status.json", interval=args.status_interval, job="tokenize"
+    )
+    status.arm()  # an error from here on ends as `failed` in status.json (run_main)
     rows_total = sum(count_lines(p) for p in files)
+    repeated, examples = duplicate_ids(files)
+    if repeated:
+        shown = "; ".join(f"id {token} at {', '.join(where[:3])}" for token, where in examples)
+        raise JobError(
+            f"{repeated} id(s) occur more than once across the inputs ({shown}); a training set holds each "
+            'conversation once: remove the copies or give them distinct ids (7 and "7" are distinct ids)'
+        )
     if args.workers > 1:
         from tqdm import tqdm
 
@@ -627,8 +741,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shards_done=len(names),
             shards_written=written,
             elapsed_s=round(time.monotonic() - started, 1),
+            heartbeat_s=args.status_interval,
             **final,
         )
+
+    def beat() -> None:
+        """Rewritten every --status-interval even while a long shard runs: pid and updated_at tell a
+        slow job from a dead one (`regen.jobs.status.liveness`)."""
+        # RuntimeError: the counters changed under the heartbeat thread's read; the next beat writes
+        with contextlib.suppress(RuntimeError):
+            status.maybe_write(lambda: status_doc("running"), force=True)
 
     def account(marker: dict[str, Any]) -> None:
         shard = Stats.from_json(marker["stats"])
@@ -641,8 +763,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         status.maybe_write(lambda: status_doc("running"))
 
     status.maybe_write(lambda: status_doc("running"), force=True)
+    beat_every = max(0.05, args.status_interval)
+    stop_beating = threading.Event()
+    beater: threading.Thread | None = None
     try:
         if args.workers <= 1:
+            # shards run on this thread; a thread beats meanwhile (no fork here: no pool of workers)
+            def heartbeat() -> None:
+                while not stop_beating.wait(beat_every):
+                    beat()
+
+            beater = threading.Thread(target=heartbeat, name="status-heartbeat", daemon=True)
+            beater.start()
             for task in plan_shards(files, args.shard_size, fingerprint):
                 names.append(task.name)
                 marker = _committed(out, task)
@@ -671,19 +803,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     inflight.add(pool.submit(process_shard, task))
                     # Bounded: at most two shards per worker queued (a task is a file span, not its data).
                     while len(inflight) >= 2 * args.workers:
-                        done, inflight = wait(inflight, return_when=FIRST_COMPLETED)
+                        # a timeout, not a thread, for the heartbeat: the driver forks workers
+                        done, inflight = wait(inflight, timeout=beat_every, return_when=FIRST_COMPLETED)
                         for fut in done:
                             marker = fut.result()
                             written += 1
                             account(marker)
-                for fut in inflight:
-                    marker = fut.result()
-                    written += 1
-                    account(marker)
+                        beat()
+                while inflight:
+                    done, inflight = wait(inflight, timeout=beat_every, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        marker = fut.result()
+                        written += 1
+                        account(marker)
+                    beat()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise OutputError(_output_failure(out, exc, written, totals.input_rows, rows_total)) from None
     except BaseException:
         status.maybe_write(lambda: status_doc("interrupted"), force=True, durable=True)
         raise
     finally:
+        stop_beating.set()
+        if beater is not None:
+            beater.join()  # no "running" beat may land after the final document
         if progress is not None:
             progress.close()
 
@@ -731,6 +875,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "output_dir": str(out),
     }
     status.maybe_write(lambda: status_doc("done", result=summary), force=True, durable=True)
+    status.disarm()
     return summary
 
 
@@ -834,6 +979,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    stop_on_sigterm()
     setup_logging(args.log_level, args.log_format)
     if args.workers == 0:
         affinity = getattr(os, "sched_getaffinity", None)

@@ -9,10 +9,17 @@ Input: the normalized prompt JSONL (`{"id", "conversations": [{"role", "content"
                            finish_reason, truncated, usage, latency, model and sampling provenance
   dropped-NNNNN.jsonl      truncated completions when `--truncated drop`
   errors.jsonl             prompts that failed in this run, with the reason (retried by the next run)
+  superseded.jsonl         completions moved out of the output because their prompt was edited
+                           ("superseded": generated again) or left the set ("orphaned"); never deleted
   ledger.bin, run.json     the id index that makes restarts exactly-once, and the generation settings
   status.json              progress, rewritten atomically every few seconds (the Ansible role polls it)
-Exit codes: 0 every prompt done; 1 some prompts ended in errors.jsonl; 2 bad arguments or input;
-3 stopped because every endpoint stayed down longer than --max-outage; 130/143 interrupted.
+Exit codes: 0 every prompt done; 1 some prompts ended in errors.jsonl; 2 bad arguments or input (a
+prompts shard that does not match its manifest, a damaged .gz, an API key the server refuses: HTTP
+401/403 stops at once); 3 stopped because every endpoint stayed down longer than --max-outage; 4 crashed
+(a bug: traceback on stderr); 5 the output cannot be written (a file in the way, read-only, disk full);
+130/143 interrupted (SIGINT/SIGTERM: requests in flight get --stop-grace seconds). Every ending but a
+SIGKILL leaves its state, exit_code and error in status.json, rewritten every --status-interval (pid and
+updated_at tell a live job from a dead one: `regen.jobs.status.liveness`).
 
 Kill it at any moment (SIGKILL included) and start it again with the same arguments: finished prompts are
 skipped, a torn last line is repaired, nothing is lost or written twice (see `regen.jobs._ledger`).

@@ -78,14 +78,35 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--endpoint",
         action="append",
-        required=True,
         metavar="URL",
         help="server base URL, with or without /v1 (repeatable; or one router URL)",
     )
+    srv.add_argument(
+        "--endpoints-file",
+        type=Path,
+        metavar="PATH",
+        help="file with more endpoint URLs, one a line (mode 0600: for URLs that carry a password, which "
+        "a command line would show to every user)",
+    )
     srv.add_argument("--model", required=True, help="model name the server serves")
-    srv.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    key = srv.add_mutually_exclusive_group()
+    key.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    key.add_argument(
+        "--api-key-file",
+        type=Path,
+        metavar="PATH",
+        help="file holding the API key (mode 0600; kept off the command line and out of the environment)",
+    )
     srv.add_argument("--concurrency", type=int, default=64, help="requests in flight per endpoint")
     srv.add_argument("--request-timeout", type=float, default=1800.0, help="seconds per request")
+    srv.add_argument(
+        "--stop-grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="after SIGTERM/SIGINT, seconds requests in flight may take to finish before they are cut "
+        "(their prompts stay pending); a second signal cuts them at once (default 30)",
+    )
 
     gen = p.add_argument_group("generation")
     gen.add_argument("--max-tokens", type=int, default=4096)
@@ -146,27 +167,52 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         raise JobError("--concurrency must be at least 1")
     if a.max_tokens < 1:
         raise JobError("--max-tokens must be at least 1")
-    api_key = None
+    if a.stop_grace < 0:
+        raise JobError("--stop-grace must be 0 or more seconds")
+    api_key = source = None
     if a.api_key_env:
         api_key = os.environ.get(a.api_key_env)
+        source = f"the environment variable {a.api_key_env} (--api-key-env)"
         if not api_key:
             raise JobError(
                 f"environment variable {a.api_key_env} (named by --api-key-env) is not set or empty"
             )
+    elif a.api_key_file and not a.dry_run:  # the dry run sends nothing (and check mode writes no key file)
+        source = f"{a.api_key_file} (--api-key-file)"
+        try:
+            api_key = a.api_key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise JobError(f"--api-key-file {a.api_key_file} cannot be read: {exc.strerror or exc}") from None
+        if not api_key:
+            raise JobError(f"--api-key-file {a.api_key_file} is empty; write the server's API key into it")
     extra = _json_object(a.extra_body, "--extra-body")
     clash = RESERVED_BODY_KEYS & set(extra)
     if clash:
         raise JobError(f"--extra-body may not set {sorted(clash)}; use the dedicated flags")
-    for url in a.endpoint:
+    endpoints = list(a.endpoint or [])
+    if (
+        a.endpoints_file is not None and not a.dry_run
+    ):  # the dry run sends nothing (check mode writes no file)
+        try:
+            text = a.endpoints_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise JobError(
+                f"--endpoints-file {a.endpoints_file} cannot be read: {exc.strerror or exc}"
+            ) from None
+        endpoints += [line.strip() for line in text.splitlines() if line.strip()]
+    if not endpoints and not (a.dry_run and a.endpoints_file is not None):
+        raise JobError("no server to ask: give at least one --endpoint URL (or an --endpoints-file)")
+    for url in endpoints:
         normalize_endpoint(url)
     return Settings(
         inputs=a.input,
         output_dir=a.output_dir,
-        endpoints=a.endpoint,
+        endpoints=endpoints,
         model=a.model,
         concurrency=a.concurrency,
         max_tokens=a.max_tokens,
         api_key=api_key,
+        api_key_source=source,
         temperature=a.temperature,
         top_p=a.top_p,
         extra_body=extra,
@@ -189,6 +235,7 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         fsync=a.fsync,
         allow_config_change=a.allow_config_change,
         seed=a.seed,
+        stop_grace=a.stop_grace,
     )
 
 

@@ -23,7 +23,10 @@ from regen.jobs._common import (
     EXIT_FAILED_RECORDS,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_OUTPUT,
+    EXIT_TERMINATED,
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     JobError,
     Reservoir,
     StatusFile,
@@ -32,6 +35,7 @@ from regen.jobs._common import (
     iter_lines,
     kv,
     make_progress,
+    prepare_output_dir,
 )
 from regen.jobs._ledger import ShardStore, id_digest, line_id
 from regen.jobs.generate.endpoints import Endpoint, EndpointPool, EndpointsDown
@@ -49,16 +53,27 @@ from regen.jobs.generate.rows import (
     parse_completion,
     parse_prompt_row,
     parse_retry_after,
+    redact_url,
     resolve_inputs,
     turn_plan,
+    url_secrets,
+    verify_manifest,
 )
+from regen.jobs.generate.stale import ASIDE_NAME, input_keys, inputs_digest, prompt_key, stale_reason
 from regen.jobs.status import Status
+
+# HTTP statuses that say the request is not allowed: every other request would be refused the same way.
+AUTH_STATUS = frozenset({401, 403})
 
 log = logging.getLogger("regen.jobs.generate")
 
 # ==================================================================================================
 # The job
 # ==================================================================================================
+
+
+class AuthRejected(Exception):
+    """The server refused the credentials (HTTP 401/403): the job stops at once."""
 
 
 class FinalFailure(Exception):
@@ -78,6 +93,7 @@ class Settings:
     concurrency: int
     max_tokens: int
     api_key: str | None = None
+    api_key_source: str | None = None  # where the key came from (named in the 401/403 message)
     temperature: float | None = None
     top_p: float | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
@@ -100,6 +116,7 @@ class Settings:
     fsync: bool = True
     allow_config_change: bool = False
     seed: int | None = None
+    stop_grace: float = 30.0  # after SIGTERM: how long requests in flight may finish before they are cut
 
     def provenance(self) -> dict[str, Any]:
         """What determines the content of a completion; a resumed run must use the same."""
@@ -154,7 +171,7 @@ class GenerateJob:
         self.store = ShardStore(
             s.output_dir, kinds=("completions", "dropped"), shard_records=s.shard_records, fsync=s.fsync
         )
-        self.status = StatusFile(s.status_file, s.status_interval)
+        self.status = StatusFile(s.status_file, s.status_interval, job="generate", item="record")
         self.total: int | None = None
         self.started = time.time()
         self._t0 = time.monotonic()
@@ -163,6 +180,13 @@ class GenerateJob:
         self._timeout = aiohttp.ClientTimeout(total=s.request_timeout)
         self._rng = random.Random(s.seed)
         self._stopping = False
+        self._stop_deadline: float | None = None
+        # a fatal end decided while running: (reason, exit code); HTTP 401/403 or an unwritable output
+        self._fatal: tuple[str, int] | None = None
+        self._written_bytes = 0  # record bytes this run wrote (sizes the "needs N more" of a full disk)
+        self._written_records = 0
+        self._previous_inputs: str | None = None  # run.json's inputs_sha256: the set last reconciled
+        self._moved: dict[str, int] = {}  # records moved aside this run, by reason
         self._interrupted = 0
         self._inflight: set[bytes] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -171,7 +195,11 @@ class GenerateJob:
         self._provenance = s.provenance()
         self._provenance_record = dict(self._provenance, generator=f"regen {__version__}")
         self.pool = EndpointPool(
-            [Endpoint(url=u, chat_url=normalize_endpoint(u), limit=s.concurrency) for u in s.endpoints],
+            # `url` is what is shown and stored (status.json, errors, logs): credentials in it are redacted
+            [
+                Endpoint(url=redact_url(u), chat_url=normalize_endpoint(u), limit=s.concurrency)
+                for u in s.endpoints
+            ],
             threshold=s.circuit_threshold,
             cooldown=s.circuit_cooldown,
             cooldown_max=s.circuit_cooldown_max,
@@ -181,6 +209,25 @@ class GenerateJob:
         if s.api_key:
             self._headers["Authorization"] = f"Bearer {s.api_key}"
         self._base_body = s.base_body()
+        self._secrets = sorted(
+            {x for u in s.endpoints for x in url_secrets(u)} | ({s.api_key} if s.api_key else set()),
+            key=len,
+            reverse=True,
+        )
+
+    def _scrub(self, text: str) -> str:
+        """Text the job writes or shows, without the API key or a password from an endpoint URL."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _error_line(self, err: dict[str, Any]) -> bytes:
+        if isinstance(err.get("error"), str):
+            err["error"] = self._scrub(err["error"])
+        try:
+            return json.dumps(err, ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # an id with a lone surrogate: escaped, the line stays valid UTF-8
+            return json.dumps(err).encode()
 
     # ------------------------------------------------------------------ config guard
 
@@ -188,8 +235,10 @@ class GenerateJob:
         path = self.s.output_dir / "run.json"
         if path.is_file():
             try:
-                previous = json.loads(path.read_text()).get("provenance")
-            except ValueError:
+                doc = json.loads(path.read_text())
+                previous = doc.get("provenance")
+                self._previous_inputs = doc.get("inputs_sha256")
+            except (ValueError, AttributeError):
                 previous = None
             if previous is not None and previous != self._provenance:
                 diffs = [
@@ -207,7 +256,28 @@ class GenerateJob:
                     "settings changed; new completions will carry the new provenance",
                     extra=kv(changes="; ".join(diffs)),
                 )
-        atomic_write_json(path, {"provenance": self._provenance, "generator": f"regen {__version__}"})
+        self._write_run_json(self._previous_inputs)
+
+    def _write_run_json(self, inputs_sha256: str | None) -> None:
+        doc = {"provenance": self._provenance, "generator": f"regen {__version__}"}
+        if inputs_sha256 is not None:
+            doc["inputs_sha256"] = inputs_sha256
+        atomic_write_json(self.s.output_dir / "run.json", doc)
+
+    def set_aside_stale(self, files: list[Path]) -> None:
+        """Completions whose prompt was edited or removed since the last run leave the output for
+        superseded.jsonl (reported, never deleted); the edited prompts are generated again."""
+        digest = inputs_digest(files)
+        if digest == self._previous_inputs:
+            return  # the prompt set is the one last reconciled: every record's key still holds
+        keys = input_keys(files)
+        self._moved = self.store.move_aside(stale_reason(keys), self.s.output_dir / ASIDE_NAME)
+        if self._moved:
+            log.warning(
+                "completions of edited or removed prompts moved aside; the edited ones are generated again",
+                extra=kv(**self._moved, to=str(self.s.output_dir / ASIDE_NAME)),
+            )
+        self._write_run_json(digest)
 
     # ------------------------------------------------------------------ status
 
@@ -231,7 +301,7 @@ class GenerateJob:
             tokens_per_s=round(st.tokens_out / elapsed, 1) if elapsed else 0.0,
             eta_s=round(eta, 1) if eta is not None else None,
             exit_code=exit_code,
-            error=str(self.pool.fatal) if self.pool.fatal is not None else None,
+            error=self._error_text(),
         )
         return status.document(
             started_at=self.started,
@@ -258,7 +328,17 @@ class GenerateJob:
             endpoints=[ep.public() for ep in self.pool.endpoints],
             recovery=self.store.report.as_dict(),
             provenance=self._provenance,
+            heartbeat_s=self.s.status_interval,
+            superseded=self._moved.get("superseded", 0),
+            orphaned=self._moved.get("orphaned", 0),
         )
+
+    def _error_text(self) -> str | None:
+        if self._fatal is not None:
+            return self._fatal[0]
+        if self.pool.fatal is not None:
+            return self._scrub(str(self.pool.fatal))
+        return None
 
     def summary_line(self) -> str:
         st = self.stats
@@ -332,6 +412,9 @@ class GenerateJob:
                 else:
                     text = data[:300].decode("utf-8", "replace")
                     last = f"HTTP {status} from {ep.url}: {text}"
+                    if status in AUTH_STATUS:
+                        self.pool.release(ep, probe, "neutral")
+                        raise AuthRejected(last)
                     if status == 429:
                         ra = min(retry_after, self.s.retry_after_max) if retry_after is not None else None
                         self.pool.release(ep, probe, "paused", ra)
@@ -406,6 +489,7 @@ class GenerateJob:
                     ctx.append(conv[i])
             record = {
                 "id": rid,
+                "prompt_key": prompt_key(conv),  # second: read without parsing the record (stale.py)
                 "conversations": out,
                 "finish_reason": turns[-1]["finish_reason"],
                 "truncated": truncated,
@@ -427,15 +511,46 @@ class GenerateJob:
                 "attempts": f.attempts,
                 "ts": time.time(),
             }
-            await queue.put(("err", None, digest, json.dumps(err, ensure_ascii=False).encode(), 0, 0, False))
+            await queue.put(("err", None, digest, self._error_line(err), 0, 0, False))
         except EndpointsDown:
             self._stopping = True
             self._inflight.discard(digest)
+        except AuthRejected as exc:
+            # not this prompt's fault: it stays pending for the run after the key is fixed
+            self._inflight.discard(digest)
+            if self._fatal is None:
+                self._fatal = (self._auth_message(str(exc)), EXIT_USAGE)
+            self._stopping = True
         except asyncio.CancelledError:
             self._inflight.discard(digest)
             raise
+        except Exception as exc:
+            # Whatever went wrong, the prompt ends as a record with its reason: a task is never dropped.
+            log.exception("unexpected error while generating a prompt", extra=kv(id=rid))
+            err = {
+                "id": rid,
+                "error": f"unexpected error ({type(exc).__name__}: {exc}); retried by the next run",
+                "status": None,
+                "attempts": 0,
+                "ts": time.time(),
+            }
+            await queue.put(("err", None, digest, self._error_line(err), 0, 0, False))
         finally:
             sem.release()
+
+    def _auth_message(self, reason: str) -> str:
+        where = self.s.api_key_source
+        if where:
+            fix = f"check the API key in {where}"
+        else:
+            fix = (
+                "no API key was sent: put the server's key in an environment variable and name it with "
+                "--api-key-env (the completions role: completions_api_key)"
+            )
+        return (
+            f"the server refused the request ({self._scrub(reason)}); stopped at once, every prompt left "
+            f"is still pending: {fix}, then run again"
+        )
 
     # ------------------------------------------------------------------ writer
 
@@ -458,9 +573,22 @@ class GenerateJob:
             items = [item for item in batch if item is not None]
             store_items = [(kind, digest, line) for tag, kind, digest, line, *_ in items if tag == "ok"]
             error_lines = [line for tag, _, _, line, *_ in items if tag == "err"]
+            if self._fatal is not None and self._fatal[1] == EXIT_OUTPUT:
+                # the output could not take the last batch: write nothing more (those prompts stay pending)
+                for _, _, digest, *_ in items:
+                    self._inflight.discard(digest)
+                continue
             if store_items or error_lines:
-                await asyncio.to_thread(self._write_sync, store_items, error_lines, errors_fd)
+                try:
+                    await asyncio.to_thread(self._write_sync, store_items, error_lines, errors_fd)
+                except OSError as exc:
+                    self._output_failed(exc, len(store_items))
+                    for _, _, digest, *_ in items:
+                        self._inflight.discard(digest)
+                    continue
                 self._last_write = time.monotonic()
+                self._written_records += len(store_items)
+                self._written_bytes += sum(len(line) + 1 for _, _, line in store_items)
             st = self.stats
             for tag, kind, digest, _, t_in, t_out, truncated in items:
                 if tag == "ok":
@@ -479,6 +607,36 @@ class GenerateJob:
             self._refresh_bar()
             self.status.maybe_write(self._status_doc)
 
+    def _output_failed(self, exc: OSError, lost: int) -> None:
+        """The output stopped taking writes (full disk, read-only): stop, and say what was kept."""
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        written = self.stats.done + self.stats.dropped
+        kept = len(self.store.index)
+        accounted = written + self.stats.failed + self.stats.skipped + self.stats.duplicates
+        remaining = (self.total - accounted) if self.total is not None else None
+        avg = self._written_bytes / self._written_records if self._written_records else None
+        need = ""
+        if remaining is not None and avg is not None:
+            need = f"; the {remaining} prompt(s) left need about {remaining * avg / 1e6:.1f} MB more"
+        elif remaining is not None:
+            need = f"; {remaining} prompt(s) are left"
+        what = {
+            28: "the disk is full",  # ENOSPC
+            122: "the disk quota is exhausted",  # EDQUOT
+            30: "the filesystem is read-only",  # EROFS
+        }.get(exc.errno or -1, f"{exc.strerror or exc}")
+        reason = (
+            f"cannot write to {self.s.output_dir}: {what} ({exc.strerror or exc}); this run wrote "
+            f"{written} record(s) before it, {kept} record(s) are kept in total (every one whole: a torn "
+            f"last line is repaired by the next run), {lost} finished record(s) of the last batch were "
+            f"not written and stay pending{need}; free space (or choose another --output-dir) and run again"
+        )
+        if self._fatal is None:
+            self._fatal = (reason, EXIT_OUTPUT)
+        log.error(reason)
+
     # ------------------------------------------------------------------ feeding
 
     async def _error_now(self, queue: asyncio.Queue, rid: str | None, where: str, reason: str) -> None:
@@ -486,12 +644,13 @@ class GenerateJob:
         err = {
             "id": rid,
             "input": where,
-            "error": f"invalid input row: {reason}",
+            "error": f"invalid input row: {reason} (not retryable: fix or remove it in the input)",
             "status": None,
             "attempts": 0,
+            "retryable": False,
             "ts": time.time(),
         }
-        await queue.put(("err", None, b"", json.dumps(err, ensure_ascii=False).encode(), 0, 0, False))
+        await queue.put(("err", None, b"", self._error_line(err), 0, 0, False))
 
     async def _feed(self, session, files: list[Path], queue: asyncio.Queue, sem: asyncio.Semaphore) -> None:
         batch: list[tuple[int, bytes]] = []
@@ -565,34 +724,50 @@ class GenerateJob:
                 await flush(name)
                 batch.clear()
 
-    async def _count_total(self, files: list[Path]) -> None:
-        def count() -> int:
-            return sum(count_lines(p) for p in files)
-
-        try:
-            self.total = await asyncio.to_thread(count)
-        except OSError:
-            return
-        if self._bar is not None:
-            self._bar.total = self.total
-            self._bar.refresh()
-
     # ------------------------------------------------------------------ main loop
 
     def _on_signal(self, signum: int) -> None:
         self._interrupted = signum
-        if not self._stopping:
+        if self._stop_deadline is None:
             self._stopping = True
+            self._stop_deadline = time.monotonic() + self.s.stop_grace
+            # a timer, not a check in the wait loop: the feeder may be blocked on a slot that only a
+            # finished (or cut) request frees
+            asyncio.get_running_loop().call_later(self.s.stop_grace, self._grace_over)
             log.warning(
                 "stopping: no new prompts; waiting for requests in flight (signal again to abort them)",
-                extra=kv(in_flight=len(self._inflight)),
+                extra=kv(in_flight=len(self._inflight), grace=f"{self.s.stop_grace:g}s"),
             )
             return
+        self._abort_in_flight("a second signal")
+
+    def _grace_over(self) -> None:
+        self._abort_in_flight(f"the stop grace of {self.s.stop_grace:g}s is over")
+
+    def _abort_in_flight(self, why: str) -> None:
+        if self._tasks:
+            log.warning(
+                f"aborting the requests in flight ({why}); their prompts stay pending for the next run",
+                extra=kv(in_flight=len(self._inflight)),
+            )
         for task in list(self._tasks):
             task.cancel()
 
+    async def _heartbeat(self) -> None:
+        """status.json rewritten every --status-interval even when nothing finishes: a reader tells a
+        slow job (fresh `updated_at`, live `pid`) from a dead one (`regen.jobs.status.liveness`)."""
+        while True:
+            await asyncio.sleep(max(0.05, self.s.status_interval))
+            self.status.maybe_write(self._status_doc, force=True)
+
     async def run(self) -> int:
         files = resolve_inputs(self.s.inputs)
+        prepare_output_dir(self.s.output_dir)
+        self.status.arm()  # from here on, an error ends as `failed` in status.json (run_main)
+        # before a single request: a shard cut short or edited since the prompts job wrote it, or a
+        # damaged .gz, stops the job here, not after half of it was generated
+        await asyncio.to_thread(verify_manifest, self.s.inputs)
+        self.total = await asyncio.to_thread(lambda: sum(count_lines(p) for p in files))
         report = self.store.open()
         try:
             if report.recovered_lines or report.truncated_bytes or report.ledger_dropped:
@@ -601,18 +776,19 @@ class GenerateJob:
                     extra=kv(**{k: v for k, v in report.as_dict().items() if v}),
                 )
             self.check_config()
+            await asyncio.to_thread(self.set_aside_stale, files)
             errors_path = self.s.output_dir / "errors.jsonl"
             if errors_path.exists():
                 # this run retries those prompts; keep the last run's reasons next to it for reference
                 os.replace(errors_path, self.s.output_dir / "errors.previous.jsonl")
             errors_fd = os.open(errors_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._state = "running"
-            self._bar = make_progress(self.s.progress, None, "generate")
+            self._bar = make_progress(self.s.progress, self.total, "generate")
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, self._on_signal, sig)
-            counter = asyncio.create_task(self._count_total(files))
+            counter = asyncio.create_task(self._heartbeat())
             queue: asyncio.Queue = asyncio.Queue()
             total_limit = self.s.concurrency * len(self.pool.endpoints)
             # Records waiting out a backoff hold no endpoint slot, so allow twice as many records in flight
@@ -625,11 +801,12 @@ class GenerateJob:
                 async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
                     await self._feed(session, files, queue, sem)
                     while self._tasks:
-                        await asyncio.wait(list(self._tasks), timeout=1.0)
-                        if self.pool.fatal is not None:
+                        await asyncio.wait(list(self._tasks), timeout=0.2)
+                        if self.pool.fatal is not None or self._fatal is not None:
                             # requests still hanging on a dead server would only delay the exit
                             for task in list(self._tasks):
                                 task.cancel()
+
             finally:
                 await queue.put(None)
                 await writer
@@ -639,13 +816,16 @@ class GenerateJob:
         finally:
             self.store.close()
         st = self.stats
-        if self.pool.fatal is not None:
+        if self._fatal is not None:
+            self._state, code = "failed", self._fatal[1]
+            print(f"error: {self._fatal[0]}", file=sys.stderr)
+        elif self.pool.fatal is not None:
             self._state, code = "endpoints_down", EXIT_UNAVAILABLE
             log.error(str(self.pool.fatal) + "; unfinished prompts will be retried by the next run")
         elif self._interrupted:
             self._state, code = (
                 "interrupted",
-                (EXIT_INTERRUPTED if self._interrupted == signal.SIGINT else 143),
+                (EXIT_INTERRUPTED if self._interrupted == signal.SIGINT else EXIT_TERMINATED),
             )
         elif st.failed:
             self._state, code = "failed", EXIT_FAILED_RECORDS
@@ -654,14 +834,20 @@ class GenerateJob:
         if self._bar is not None:
             self._refresh_bar()
             self._bar.close()
-        doc = self._status_doc(exit_code=code)
-        if self.s.status_file is not None:
-            atomic_write_json(self.s.status_file, doc)
-        print(doc["line"], flush=True)
+        self.status.disarm()
+        self.status.maybe_write(lambda: self._status_doc(exit_code=code), force=True, durable=True)
+        print(self._status_doc(exit_code=code)["line"], flush=True)
         if st.failed:
+            retryable = st.failed - st.invalid
+            parts = []
+            if retryable:
+                parts.append(f"{retryable} prompt(s) failed and are retried by the next run")
+            if st.invalid:
+                parts.append(
+                    f"{st.invalid} row(s) are invalid and are not retryable: fix or remove them in the input"
+                )
             print(
-                f"generate: {st.failed} prompt(s) failed; reasons in {self.s.output_dir / 'errors.jsonl'}; "
-                "run again to retry them",
+                f"generate: {'; '.join(parts)}; reasons in {self.s.output_dir / 'errors.jsonl'}",
                 file=sys.stderr,
             )
         return code
@@ -684,20 +870,26 @@ def dry_run(s: Settings) -> dict[str, Any]:
         }
     store = ShardStore(s.output_dir, read_only=True)
     store.open()
-    total = pending = done = unreadable = duplicates = 0
+    total = pending = done = unreadable = duplicates = invalid = 0
     pending_ids: set[bytes] = set()
-    batch: list[bytes] = []
+    batch: list[tuple[bytes, bytes]] = []
 
     def flush() -> None:
-        nonlocal pending, done, duplicates
-        for d, known in zip(batch, store.index.contains_many(batch), strict=True):
+        nonlocal pending, done, duplicates, invalid
+        known_flags = store.index.contains_many([d for d, _ in batch])
+        for (d, raw), known in zip(batch, known_flags, strict=True):
             if known:
                 done += 1
             elif d in pending_ids:
                 duplicates += 1
             else:
                 pending_ids.add(d)
-                pending += 1
+                try:  # a row no run can generate is not work left: counted apart, so it stays visible
+                    parse_prompt_row(json.loads(raw))
+                except (ValueError, UnicodeDecodeError):
+                    invalid += 1
+                else:
+                    pending += 1
         batch.clear()
 
     for path in files:
@@ -707,22 +899,28 @@ def dry_run(s: Settings) -> dict[str, Any]:
             if rid is None:
                 unreadable += 1
                 continue
-            batch.append(id_digest(rid))
+            batch.append((id_digest(rid), raw))
             if len(batch) >= 4096:
                 flush()
     flush()
     run_json = s.output_dir / "run.json"
-    previous = None
+    previous = previous_inputs = None
     if run_json.is_file():
-        with contextlib.suppress(ValueError):
-            previous = json.loads(run_json.read_text()).get("provenance")
+        with contextlib.suppress(ValueError, AttributeError):
+            doc = json.loads(run_json.read_text())
+            previous, previous_inputs = doc.get("provenance"), doc.get("inputs_sha256")
+    # prompts edited or removed since the last run: their completions are moved aside by the next run
+    inputs_changed = (done > 0 or store.shard_files() != []) and previous_inputs != inputs_digest(files)
     return {
         "total": total,
         "pending": pending,
         "done": done,
         "unreadable": unreadable,
+        "invalid": invalid,
         "duplicates": duplicates,
-        "complete": pending == 0 and unreadable == 0,
+        # invalid rows keep it incomplete: the run reports them (errors.jsonl), never a silent pass
+        "complete": pending == 0 and unreadable == 0 and invalid == 0 and not inputs_changed,
+        "inputs_changed": inputs_changed,
         "config_matches": previous is None or previous == s.provenance(),
         "output_dir": str(s.output_dir),
     }

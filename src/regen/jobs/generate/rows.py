@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from regen.jobs._common import (
     JobError,
+    sha256_file,
 )
 
 log = logging.getLogger("regen.jobs.generate")
@@ -78,7 +80,25 @@ def parse_prompt_row(obj: Any) -> tuple[str, list[dict[str, str]]]:
         out.append({"role": role, "content": content})
     if not seen_user:
         raise BadRow("conversation has no user turn")
+    _check_unicode(str(rid), "the id")
+    bad = next((c for c in str(rid) if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        # a NUL or a control character reads as another id in logs, file names and terminals
+        raise BadRow(f"the id {str(rid)[:40]!r} holds the control character {bad!r}; ids are printable text")
+    for i, turn in enumerate(out):
+        _check_unicode(turn["content"], f"turn {i} ({turn['role']})")
     return str(rid), out
+
+
+def _check_unicode(text: str, what: str) -> None:
+    """JSON may escape a lone surrogate ("\\ud800"); no server can be sent it as UTF-8, so say so."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRow(
+            f"{what} holds a lone surrogate ({text[exc.start : exc.end].encode('unicode_escape').decode()} "
+            f"at character {exc.start}), which is not valid Unicode; fix or remove the row in the input"
+        ) from None
 
 
 def turn_plan(conv: Sequence[dict[str, str]]) -> list[int]:
@@ -155,12 +175,45 @@ def normalize_endpoint(url: str) -> str:
     """Base URL (with or without /v1, or the full route) -> the chat-completions URL."""
     u = url.strip().rstrip("/")
     if not (u.startswith("http://") or u.startswith("https://")):
-        raise JobError(f"endpoint {url!r} is not an http(s) URL; pass e.g. --endpoint http://127.0.0.1:30000")
+        raise JobError(
+            f"endpoint {redact_url(url)!r} is not an http(s) URL; pass e.g. --endpoint http://127.0.0.1:30000"
+        )
     if u.endswith("/chat/completions"):
         return u
     if u.endswith("/v1"):
         return u + "/chat/completions"
     return u + "/v1/chat/completions"
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may be shown or stored: a password (or a lone user token) in it becomes `***`."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    if parts.port is not None:
+        host += f":{parts.port}"
+    user = f"{parts.username}:***" if parts.password is not None else "***"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials inside a URL (to scrub from any text the job writes), raw and percent-decoded."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return []
+    found = []
+    raw_userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    secret = raw_userinfo.partition(":")[2] if ":" in raw_userinfo else raw_userinfo
+    if secret:
+        found += [secret, urllib.parse.unquote(secret)]
+    return [s for s in dict.fromkeys(found) if len(s) >= 3]
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -183,6 +236,42 @@ def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> 
     never collapse to zero."""
     d = min(cap, base * (2 ** max(0, attempt - 1)))
     return d / 2 + rng.uniform(0, d / 2)
+
+
+def verify_manifest(paths: Sequence[str]) -> None:
+    """Every shard a prompts manifest lists holds the rows and the bytes (sha256) it says, or a JobError.
+
+    A shard cut short, edited or swapped since the prompts job wrote it would be generated without a
+    word otherwise, and the training set would silently be another one than the manifest records.
+    """
+    for raw in paths:
+        p = Path(raw)
+        manifest = p / "manifest.json"
+        if not (p.is_dir() and manifest.is_file()):
+            continue
+        try:
+            shards = json.loads(manifest.read_text())["shards"]
+            expected = [(p / s["path"], s.get("rows"), s.get("sha256")) for s in shards]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise JobError(f"{manifest} is not a prompts manifest ({exc}); rerun the prompts job") from None
+        for shard, rows, digest in expected:
+            if not shard.is_file():
+                raise JobError(f"{shard} (listed in {manifest}) is missing; rerun the prompts job")
+            if rows is not None:
+                with open(shard, "rb") as fh:
+                    got = sum(1 for line in fh if line.strip())
+                if got != rows:
+                    raise JobError(
+                        f"{shard} holds {got} rows but {manifest} says {rows}: it was cut short or "
+                        "edited after the prompts job wrote it; rerun the prompts job "
+                        "(playbooks/prompts.yml, or python -m regen.jobs.prompts --force)"
+                    )
+            if digest is not None and sha256_file(shard) != digest:
+                raise JobError(
+                    f"{shard} does not match the sha256 in {manifest}: it was changed after the prompts "
+                    "job wrote it; rerun the prompts job (playbooks/prompts.yml, or python -m "
+                    "regen.jobs.prompts --force)"
+                )
 
 
 def resolve_inputs(paths: Sequence[str]) -> list[Path]:
