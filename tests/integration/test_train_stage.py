@@ -14,10 +14,13 @@ import json
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.helpers.ansible import run_playbook
@@ -124,6 +127,42 @@ def _tokenized(model_dir: Path, out: Path, count: int) -> None:
             )
 
 
+class ListenerSampler:
+    """Every TCP socket listening in a process whose command line names ``marker``, sampled while it runs."""
+
+    def __init__(self, marker: str, interval: float = 0.1) -> None:
+        self.marker, self.interval = marker, interval
+        self.seen: set[tuple[str, int, str]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> ListenerSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            for proc in psutil.process_iter(["cmdline"]):
+                try:
+                    if self.marker not in " ".join(proc.info["cmdline"] or []):
+                        continue
+                    for conn in proc.net_connections("inet"):
+                        if conn.status == psutil.CONN_LISTEN:
+                            self.seen.add((conn.laddr.ip, conn.laddr.port, " ".join(proc.cmdline()[:4])))
+                except (psutil.Error, OSError):
+                    continue
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _steps(log: Path) -> dict[int, float]:
     from regen.training.status import parse_step_line
 
@@ -155,8 +194,15 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
         f"regen_model_path={model}",
     ]
 
-    output, first = _play("playbooks/train.yml", *args)
+    # Every listener the trainer opens binds loopback, and the store is on the plan's port.
+    port = _free_port()
+    args += ["-e", f"drafter_training_master_port={port}"]
+    with ListenerSampler(str(tmp_path / "work" / "drafter")) as listeners:
+        output, first = _play("playbooks/train.yml", *args)
     assert first["localhost"]["failed"] == 0
+    assert listeners.seen, "the trainer was never seen listening (the sampler missed the run?)"
+    assert {ip for ip, _, _ in listeners.seen} == {"127.0.0.1"}, listeners.seen
+    assert port in {p for _, p, _ in listeners.seen}, listeners.seen
     (run_dir,) = (tmp_path / "work" / "drafter" / "runs").iterdir()
     state = json.loads((run_dir / "status.json").read_text())
     assert state["state"] == "succeeded" and state["done"] == state["total"] == 8
