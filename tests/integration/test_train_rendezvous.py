@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,14 @@ JOB = """
 import json, os, sys
 from datetime import timedelta
 import psutil, torch, torch.distributed as dist
+if os.environ.get("JOB_FAIL_RANK") == os.environ["RANK"]:
+    sys.exit(5)  # this rank fails before the rendezvous: the others would wait for it
 dist.init_process_group("gloo", timeout=timedelta(minutes=1))
 total = torch.ones(3)
 dist.all_reduce(total)
 listening = [[c.laddr.ip, c.laddr.port] for c in psutil.Process().net_connections("inet")
              if c.status == psutil.CONN_LISTEN]
-names = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
+names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")
 print(json.dumps({"listening": listening, "argv": sys.argv[1:], "sum": total.tolist(),
                   "env": {k: os.environ.get(k) for k in names}}))
 dist.destroy_process_group()
@@ -74,7 +77,35 @@ def test_every_listener_binds_the_given_address_and_port(job_env: dict[str, str]
     listening = {(ip, p) for ip, p in report["listening"]}
     assert (("127.0.0.1", port)) in listening, listening
     assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
-    assert report["env"] == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}
+    assert report["env"] == {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": job_env.get("OMP_NUM_THREADS"),
+    }
+
+
+def test_several_ranks_on_one_host_listen_on_loopback_only(job_env: dict[str, str]) -> None:
+    port = _free_port()
+    args = ["-m", "regen.training.rendezvous", "--port", str(port), "--nproc", "2", "--", "pg_job"]
+    done = _run(args, {k: v for k, v in job_env.items() if k != "OMP_NUM_THREADS"})
+    assert done.returncode == 0, done.stderr
+    reports = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["env"]["RANK"])
+    assert [r["env"]["RANK"] for r in reports] == ["0", "1"]
+    assert all(r["sum"] == [2.0, 2.0, 2.0] for r in reports)  # one all_reduce across both ranks
+    assert all(r["env"]["WORLD_SIZE"] == "2" and r["env"]["OMP_NUM_THREADS"] == "1" for r in reports)
+    listening = {(ip, p) for r in reports for ip, p in r["listening"]}
+    assert listening and {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+
+
+def test_a_failed_rank_stops_the_others_and_gives_its_exit_code(job_env: dict[str, str]) -> None:
+    args = ["-m", "regen.training.rendezvous", "--port", "0", "--nproc", "2", "--", "pg_job"]
+    started = time.monotonic()
+    done = _run(args, {**job_env, "JOB_FAIL_RANK": "1"})
+    assert done.returncode == 5, done.stderr
+    assert time.monotonic() - started < 30, "rank 0 was left waiting for the rank that failed"
 
 
 def test_a_taken_port_is_refused_with_the_variable_to_change(job_env: dict[str, str]) -> None:

@@ -88,9 +88,11 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
         "-m regen.training.capture --backend sglang"
     ) in flat
     assert "--layers 1,15,30,44,58" in flat and '{"ep_size": 8, "mem_fraction_static": 0.8}' in flat
+    # One host: the ranks start through regen's rendezvous, the store on loopback at the plan's port.
     assert re.search(
-        r"-- /root/venv_specforge/bin/specforge train --config /root/regen/drafter/runs/dflash-\w+/"
-        r"run\.yaml --node-rank 0",
+        r"-- /root/venv_specforge/bin/python -m regen.training.rendezvous --host 127.0.0.1 --port 29500 "
+        r"--nproc 8 -- specforge.cli train --config /root/regen/drafter/runs/dflash-\w+/run\.yaml "
+        r"--node-rank 0",
         flat,
     )
     # The run config it would write: SpecForge's own topology keys, 8 trainer processes on one node.
