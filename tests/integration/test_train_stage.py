@@ -82,10 +82,10 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
     assert "on 8 trainer process(es), node rank 0 of 1" in flat
     # The serving stage is stopped first: training and the SGLang capture need its GPUs.
     assert "TASK [sglang_server : Stop the server]" in output
-    # Offline capture: SpecForge's SGLang capture across the 8 GPUs with EP8.
+    # Offline capture: SpecForge's SGLang capture across the 8 GPUs with EP8, its store on loopback.
     assert (
-        "/root/venv_specforge/bin/python -m torch.distributed.run --standalone --nproc_per_node 8 "
-        "-m regen.training.capture --backend sglang"
+        "/root/venv_specforge/bin/python -m regen.training.rendezvous --host 127.0.0.1 --port 29500 "
+        "--nproc 8 -- regen.training.capture --backend sglang"
     ) in flat
     assert "--layers 1,15,30,44,58" in flat and '{"ep_size": 8, "mem_fraction_static": 0.8}' in flat
     # One host: the ranks start through regen's rendezvous, the store on loopback at the plan's port.
