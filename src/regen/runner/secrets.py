@@ -10,8 +10,10 @@ regen never gives it a secret in the clear:
 * the one-time password reaches ansible-playbook through ansible-runner's ``passwords`` answer to the
   vault prompt: it lives in memory only (``suppress_env_files`` keeps runner from writing ``env/passwords``);
 * every event is scrubbed before runner writes it (a role that prints a secret by mistake shows
-  ``********``), stdout is written from the scrubbed events, and secret-looking variables of the
-  caller's own environment are masked in the recorded ``command`` file.
+  ``********``), in every encoding the value can take there (YAML, JSON, ``repr``, shell quoting, URL,
+  HTML, base64, nested; see :func:`secret_pattern`); stdout is written from the scrubbed events, event
+  data runner never read (a cancelled run's partial files) is scrubbed when the run ends, and
+  secret-looking variables of the caller's own environment are masked in the recorded ``command`` file.
 
 Roles still mark tasks that handle secrets ``no_log: true``; this is the net under that.
 """
