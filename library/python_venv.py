@@ -87,7 +87,8 @@ options:
   index_url:
     description: >-
       Package index URL; empty uses the installer's own configuration. It reaches the installer as
-      C(PIP_INDEX_URL) or C(UV_INDEX_URL), never on its command line; a password in it is masked in the output.
+      C(PIP_INDEX_URL) or C(UV_INDEX_URL), never on its command line; a password in it is masked in
+      the output.
     type: str
     default: ''
   offline:
