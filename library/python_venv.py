@@ -85,7 +85,10 @@ options:
     type: str
     default: uv
   index_url:
-    description: Package index URL; empty uses the installer's own configuration.
+    description: >-
+      Package index URL; empty uses the installer's own configuration. It reaches the installer as
+      C(PIP_INDEX_URL) or C(UV_INDEX_URL), never on its command line; a password in it is masked in
+      the output.
     type: str
     default: ''
   offline:
@@ -212,12 +215,15 @@ from ansible.module_utils.regen_venv import (
     check_extras,
     classify_install_failure,
     fingerprint,
+    index_url_environment,
     manifest,
     parse_lock,
     pins_diff,
     pip_check_problems,
     python_satisfies,
+    redact_url,
     tail,
+    url_credentials,
     verification_errors,
     wheelhouse_missing,
 )
@@ -361,9 +367,12 @@ class Environment:
         args = []
         if self.p["offline"]:
             args += ["--no-index", "--find-links", self.p["wheelhouse"]]
-        elif self.p["index_url"]:
-            args += ["--index-url", self.p["index_url"]]
-        return args
+        return args  # an index URL goes through the environment (install_env), never the command line
+
+    def install_env(self):
+        if self.p["offline"]:
+            return self.base_env
+        return {**self.base_env, **index_url_environment(self.p["index_url"], self.installer)}
 
     def install_cmds(self, venv_dir, lock_path, extras):
         """The installs of a build: the lock in hash-checking mode (every file must match a hash the lock
@@ -644,9 +653,9 @@ class Environment:
         if p["extra_paths"]:
             self.write_pth(new_dir)
         installs, check = self.install_cmds(new_dir, lock_path, self.extras)
-        index = "wheelhouse {}".format(p["wheelhouse"]) if p["offline"] else p["index_url"]
+        index = "wheelhouse {}".format(p["wheelhouse"]) if p["offline"] else redact_url(p["index_url"])
         for argv in installs:
-            rc, out = _run(argv, p["timeout"], env=self.base_env)
+            rc, out = _run(argv, p["timeout"], env=self.install_env())
             if rc != 0:
                 raise EnvFailure(
                     classify_install_failure(out, self.name, index, p["offline"], p["wheelhouse"])
@@ -780,6 +789,8 @@ def main():
             msg="environment '{}' is managed but has no lock text; set lock of the entry to a file "
             "under envs/".format(module.params["name"])
         )
+    # A password in the index URL stays out of everything the module returns (invocation included).
+    module.no_log_values.update(url_credentials(module.params["index_url"]))
     try:
         result = Environment(module).run()
     except EnvFailure as exc:

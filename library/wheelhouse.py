@@ -51,7 +51,9 @@ options:
     type: str
     default: python3
   index_url:
-    description: Index to download from; empty uses pip's configuration.
+    description: >-
+      Index to download from; empty uses pip's configuration. It reaches pip as C(PIP_INDEX_URL), never
+      on its command line; a password in it is masked in the output.
     type: str
     default: ''
 author: regen
@@ -84,9 +86,12 @@ from ansible.module_utils.regen_venv import (
     download_platforms,
     hash_mismatch,
     hash_mismatch_message,
+    index_url_environment,
     parse_lock,
+    redact_url,
     requirements_text,
     tail,
+    url_credentials,
     wheelhouse_missing,
 )
 
@@ -107,6 +112,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    module.no_log_values.update(url_credentials(p["index_url"]))  # a password in the URL stays out of output
     try:
         lock = parse_lock(p["lock"], p["lock_source"] or "lock of {}".format(p["name"]))
         extras = check_extras(p["extra_packages"], lock, p["remedy_variable"])
@@ -158,8 +164,8 @@ def main():
         p["dest"],
         *target,
     ]
-    if p["index_url"]:
-        base += ["--index-url", p["index_url"]]
+    # The index URL (credentials and all) reaches pip through its environment, never its command line.
+    env = {**os.environ, **index_url_environment(p["index_url"])}
     # The missing pins with their hashes: pip downloads in hash-checking mode and refuses a file the lock
     # has no hash for, so the wheelhouse only ever holds the files the lock was resolved to.
     missing_names = {pin.split("==", 1)[0] for pin in missing}
@@ -173,11 +179,13 @@ def main():
         if extras:
             runs.append([*base, "--no-deps", *extras])
         for argv in runs:
-            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+            proc = subprocess.run(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, check=False
+            )
             out = proc.stdout.decode("utf-8", "replace")
             if proc.returncode != 0:
                 mismatch = hash_mismatch(out)
-                where = "the index {}".format(p["index_url"] or "(pip's default)")
+                where = "the index {}".format(redact_url(p["index_url"]) or "(pip's default)")
                 module.fail_json(
                     msg="building the wheelhouse {} for environment '{}' failed: {}".format(
                         p["dest"],

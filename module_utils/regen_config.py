@@ -8,11 +8,13 @@ safetensors index or headers) and raises `ModelDirError` with a message naming t
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
 import struct
+import sys
 
 from ansible.module_utils.regen_families import FAMILIES, TEXT_CONFIG_KEYS
 
@@ -536,9 +538,46 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
 # --------------------------------------------------------------------------------------------------
 
 
+def _link_chain(path, limit=40):
+    """The paths a symlink leads through, up to the first one seen twice (a loop) or not a link."""
+    chain = [path]
+    while os.path.islink(chain[-1]) and len(chain) <= limit:
+        target = os.path.join(os.path.dirname(chain[-1]), os.readlink(chain[-1]))
+        target = os.path.normpath(target)
+        chain.append(target)
+        if target in chain[:-1]:
+            break
+    return chain
+
+
+def broken_link_problem(path):
+    """Why the symlink ``path`` leads nowhere (a loop, or a missing target), or None if it is not one.
+
+    ``os.path.exists`` is False for both, which would read as "not found" although the file is there."""
+    if not os.path.islink(path):
+        return None
+    try:
+        os.stat(path)
+    except OSError as exc:
+        chain = " -> ".join(_link_chain(path))
+        if exc.errno == errno.ELOOP:
+            return (
+                f"{path} is a symlink loop ({chain}); point the link at the real file "
+                "(e.g. the blob in the Hugging Face cache) or copy the file in its place"
+            )
+        return (
+            f"{path} is a broken symlink ({chain}, which does not exist); "
+            "fetch the model again or fix the link"
+        )
+    return None
+
+
 def read_json(path, required=True):
     """Parse a JSON file; a clear ModelDirError (file, line, fix) instead of a traceback."""
     name = os.path.basename(path)
+    problem = broken_link_problem(path)
+    if problem:  # a link that leads nowhere is a broken file, not a missing one
+        raise ModelDirError(problem)
     if not os.path.exists(path):
         if required:
             raise ModelDirError(
@@ -556,6 +595,8 @@ def read_json(path, required=True):
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ModelDirError(f"{path} is not UTF-8 text (byte {exc.start}); fetch it again") from None
+    except RecursionError:
+        raise ModelDirError(_too_deep(path)) from None
     except ValueError as exc:
         line = getattr(exc, "lineno", None)
         col = getattr(exc, "colno", None)
@@ -570,6 +611,13 @@ def read_json(path, required=True):
         raise ModelDirError(
             "{} is not valid JSON{} ({}); {}".format(path, where, getattr(exc, "msg", exc), hint)
         ) from None
+
+
+def _too_deep(path):
+    return (
+        f"{path} nests arrays or objects too deeply to parse (more than about {sys.getrecursionlimit()} "
+        "levels); no model file looks like that: fetch it again"
+    )
 
 
 def safetensors_header(path):
@@ -588,6 +636,8 @@ def safetensors_header(path):
         header = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ModelDirError(f"{path} has a corrupt safetensors header; fetch it again") from None
+    except RecursionError:
+        raise ModelDirError(_too_deep(path)) from None
     if not isinstance(header, dict):
         raise ModelDirError(f"{path} has a corrupt safetensors header; fetch it again")
     return header
@@ -622,9 +672,17 @@ def weight_bytes_from_dir(model_dir, warnings, read_headers=True):
         warnings.append(str(exc))
     if isinstance(index, dict):
         meta = index.get("metadata")
-        total = _as_int(meta.get("total_size")) if isinstance(meta, dict) else None
-        if total:
+        declared = meta.get("total_size") if isinstance(meta, dict) else None
+        total = _as_int(declared)
+        if total is not None and total > 0:
             return total, "safetensors_index", None
+        # A size that cannot be one (negative, not a whole number) is never the weight size; 0 is what a
+        # converter that did not count writes, and falls back to the headers quietly.
+        if declared is not None and total != 0:
+            warnings.append(
+                f"{SAFETENSORS_INDEX_FILE}: metadata.total_size is {declared!r}, not a size in bytes; "
+                "the index is corrupt (fetch it again), so the value is ignored"
+            )
     if not read_headers:
         return None, None, None
     shards = sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
@@ -646,6 +704,9 @@ def weight_bytes_from_dir(model_dir, warnings, read_headers=True):
 
 def read_model_dir(model_dir, read_headers=True):
     """The architecture document for a model directory (raises ModelDirError for fatal problems)."""
+    problem = broken_link_problem(model_dir)
+    if problem:
+        raise ModelDirError(problem)
     if not os.path.exists(model_dir):
         raise ModelDirError(
             f"model directory {model_dir} does not exist; check the model path variable "

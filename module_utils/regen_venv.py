@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from urllib.parse import urlsplit, urlunsplit
 
 # Where a managed venv keeps what it was built from (inside the venv directory itself, so the record
 # moves and disappears together with the venv it describes).
@@ -53,6 +54,35 @@ _RESOLVE_HINT = "re-resolve the lock (envs/resolve.sh: uv pip compile --generate
 
 class LockError(ValueError):
     """The lock text cannot be used: the message names the line and the fix."""
+
+
+def index_url_environment(url, installer="pip"):
+    """The variable the installer reads its index from (pip: PIP_INDEX_URL, uv: UV_INDEX_URL): an index URL
+    may hold credentials (``https://user:token@mirror/simple``), which on the command line every ``ps``
+    shows. Empty when there is no URL."""
+    if not url:
+        return {}
+    return {"UV_INDEX_URL" if installer == "uv" else "PIP_INDEX_URL": url}
+
+
+def url_credentials(url):
+    """The secret parts of a URL's user-info (``user:password``, the password), for masking; [] if none."""
+    netloc = urlsplit(url or "").netloc
+    if "@" not in netloc:
+        return []
+    userinfo = netloc.rsplit("@", 1)[0]
+    secrets = [userinfo]
+    if ":" in userinfo:
+        secrets.append(userinfo.split(":", 1)[1])
+    return [s for s in secrets if s]
+
+
+def redact_url(url):
+    """The URL with its user-info replaced by ``***``, fit for a message."""
+    parts = urlsplit(url or "")
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 def normalize_name(name):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import threading
 import time
@@ -226,6 +227,55 @@ def test_secrets_reach_the_play_but_no_file_or_log(tmp_path: Path) -> None:
     assert not list((tmp_path / "runner" / "secrets").glob("*")), "the encrypted vars file outlived the run"
     stdout = (result.artifact_dir / "stdout").read_text()
     assert f"key is {MASK}" in stdout
+
+
+# A key with every character that YAML, JSON, Python and shell quoting rewrite, and one outside ASCII:
+# none of its pieces may show in any record, whatever encoding Ansible or runner chose for it.
+QUOTED_SECRET = "sk-Zq9'Wv3\"Xp2\\Jm5 \u00e9-Rb4"
+QUOTED_SECRET_PIECES = ("Zq9", "Wv3", "Xp2", "Jm5", "Rb4")
+
+
+def test_a_key_with_quotes_is_masked_in_every_encoding_at_vvv(tmp_path: Path) -> None:
+    result = _run(
+        tmp_path,
+        ["generate"],
+        secrets={"fixture_api_key": QUOTED_SECRET},
+        extravars={"fixture_print_secret": True},
+        skip_tags="fixture_job",
+        verbosity=3,  # the EXEC line with the command's environment, shell-quoted twice
+    )
+    assert result.ok, result.to_dict(include_facts=False)
+    digest = (tmp_path / "data" / "work" / "api_key.sha256").read_text()
+    assert digest == hashlib.sha256(QUOTED_SECRET.encode()).hexdigest(), "the play did not get the real value"
+    stdout = (result.artifact_dir / "stdout").read_text()
+    assert "EXEC" in stdout and "FIXTURE_KEY=" in stdout, "the -vvv command line was not recorded"
+    leaked = {
+        str(p.relative_to(tmp_path)): [
+            piece for piece in QUOTED_SECRET_PIECES if piece.encode() in p.read_bytes()
+        ]
+        for p in tmp_path.rglob("*")
+        if p.is_file()
+    }
+    assert {path: pieces for path, pieces in leaked.items() if pieces} == {}
+    events = json.dumps([e.to_dict() for e in result.events], default=str)
+    assert not [piece for piece in QUOTED_SECRET_PIECES if piece in events]
+    # masked, not dropped: the debug message, the JSON, the argv, the command's output, the EXEC line
+    masks = re.findall(rf"(?<!\*){re.escape(MASK)}(?!\*)", stdout)  # not the banners' runs of stars
+    assert len(masks) >= 5, stdout
+
+
+def test_event_data_runner_never_read_is_scrubbed_too(tmp_path: Path) -> None:
+    # Fault injection: the partial file runner's callback leaves when the run stops before runner read it
+    # (a cancel, a crash), planted where that callback writes it.
+    ident = "planted-partial"
+    partial = tmp_path / "runner" / "artifacts" / ident / "job_events" / "0a1b-partial.json"
+    partial.parent.mkdir(parents=True)
+    partial.write_text(json.dumps({"stdout": f"msg: 'key is {QUOTED_SECRET.replace(chr(39), chr(39) * 2)}'"}))
+    result = _run(tmp_path, ["teardown"], ident=ident, secrets={"fixture_api_key": QUOTED_SECRET})
+    assert result.ok
+    text = partial.read_text()
+    assert MASK in text and not [piece for piece in QUOTED_SECRET_PIECES if piece in text], text
+    assert partial.stat().st_mode & 0o777 == 0o600
 
 
 def test_a_standalone_stage_runs_its_own_playbook_and_records_rotate(tmp_path: Path) -> None:

@@ -14,10 +14,13 @@ import json
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.helpers.ansible import run_playbook
@@ -79,15 +82,17 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
     assert "on 8 trainer process(es), node rank 0 of 1" in flat
     # The serving stage is stopped first: training and the SGLang capture need its GPUs.
     assert "TASK [sglang_server : Stop the server]" in output
-    # Offline capture: SpecForge's SGLang capture across the 8 GPUs with EP8.
+    # Offline capture: SpecForge's SGLang capture across the 8 GPUs with EP8, its store on loopback.
     assert (
-        "/root/venv_specforge/bin/python -m torch.distributed.run --standalone --nproc_per_node 8 "
-        "-m regen.training.capture --backend sglang"
+        "/root/venv_specforge/bin/python -m regen.training.rendezvous --host 127.0.0.1 --port 29500 "
+        "--nproc 8 -- regen.training.capture --backend sglang"
     ) in flat
     assert "--layers 1,15,30,44,58" in flat and '{"ep_size": 8, "mem_fraction_static": 0.8}' in flat
+    # One host: the ranks start through regen's rendezvous, the store on loopback at the plan's port.
     assert re.search(
-        r"-- /root/venv_specforge/bin/specforge train --config /root/regen/drafter/runs/dflash-\w+/"
-        r"run\.yaml --node-rank 0",
+        r"-- /root/venv_specforge/bin/python -m regen.training.rendezvous --host 127.0.0.1 --port 29500 "
+        r"--nproc 8 -- specforge.cli train --config /root/regen/drafter/runs/dflash-\w+/run\.yaml "
+        r"--node-rank 0",
         flat,
     )
     # The run config it would write: SpecForge's own topology keys, 8 trainer processes on one node.
@@ -124,6 +129,42 @@ def _tokenized(model_dir: Path, out: Path, count: int) -> None:
             )
 
 
+class ListenerSampler:
+    """Every TCP socket listening in a process whose command line names ``marker``, sampled while it runs."""
+
+    def __init__(self, marker: str, interval: float = 0.1) -> None:
+        self.marker, self.interval = marker, interval
+        self.seen: set[tuple[str, int, str]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> ListenerSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            for proc in psutil.process_iter(["cmdline"]):
+                try:
+                    if self.marker not in " ".join(proc.info["cmdline"] or []):
+                        continue
+                    for conn in proc.net_connections("inet"):
+                        if conn.status == psutil.CONN_LISTEN:
+                            self.seen.add((conn.laddr.ip, conn.laddr.port, " ".join(proc.cmdline()[:4])))
+                except (psutil.Error, OSError):
+                    continue
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _steps(log: Path) -> dict[int, float]:
     from regen.training.status import parse_step_line
 
@@ -155,8 +196,15 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
         f"regen_model_path={model}",
     ]
 
-    output, first = _play("playbooks/train.yml", *args)
+    # Every listener the trainer opens binds loopback, and the store is on the plan's port.
+    port = _free_port()
+    args += ["-e", f"drafter_training_master_port={port}"]
+    with ListenerSampler(str(tmp_path / "work" / "drafter")) as listeners:
+        output, first = _play("playbooks/train.yml", *args)
     assert first["localhost"]["failed"] == 0
+    assert listeners.seen, "the trainer was never seen listening (the sampler missed the run?)"
+    assert {ip for ip, _, _ in listeners.seen} == {"127.0.0.1"}, listeners.seen
+    assert port in {p for _, p, _ in listeners.seen}, listeners.seen
     (run_dir,) = (tmp_path / "work" / "drafter" / "runs").iterdir()
     state = json.loads((run_dir / "status.json").read_text())
     assert state["state"] == "succeeded" and state["done"] == state["total"] == 8
@@ -191,8 +239,10 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
     plan = json.loads((published / "plan.json").read_text())
     assert plan["hidden_states"]["bytes_per_token"] == 1 * 64 * 2
 
-    _, second = _play("playbooks/train.yml", *args)
-    assert second["localhost"]["changed"] == 0, second
+    again, second = _play("playbooks/train.yml", *args)
+    blocks = re.split(r"^(?=TASK \[)", again, flags=re.M)
+    changed = [b.splitlines()[0] for b in blocks if b.startswith("TASK") and "\nchanged:" in b]
+    assert second["localhost"]["changed"] == 0, changed
 
     # A crash after the step-6 checkpoint: the last save never happened and the supervisor vanished.
     checkpoints = run_dir / "checkpoints"

@@ -538,6 +538,7 @@ class RunHandle:
             self._runner_done.set()
             if self._stdout is not None:
                 self._stdout.close()
+            self._scrub_unread_partials()
             if self._secret_file is not None:
                 with contextlib.suppress(OSError):
                     self._secret_file.unlink()
@@ -570,6 +571,17 @@ class RunHandle:
             )
         self._result = result
         self._finished.set()
+
+    def _scrub_unread_partials(self) -> None:
+        # runner's callback writes each event's data to job_events/<uuid>-partial.json before runner reads,
+        # scrubs (through _runner_event) and removes it; a run that was cancelled or died leaves the last
+        # ones behind unscrubbed.
+        if not self._redactor:
+            return
+        for path in (self.artifact_dir / "job_events").glob("*-partial.json*"):
+            with contextlib.suppress(OSError, ValueError):
+                data = self._redactor.scrub(json.loads(path.read_text(encoding="utf-8")))
+                _write_private(path, json.dumps(data))
 
     def _attach_artifacts(self, result: RunResult) -> None:
         hostvars = self._resolve_hostvars()

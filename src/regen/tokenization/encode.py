@@ -7,6 +7,20 @@ call with special-token recognition off, so a ``<|im_end|>`` typed inside a mess
 ``special_in_content="control"``). For conversations without such strings the ids therefore equal
 ``tokenizer.encode(rendered_text)``; the tests check that.
 
+The policy for a control-token string typed inside a message (``special_in_content``):
+
+- ``text`` (default): it is text. Its run is encoded as the tokenizer encodes text with no added token
+  matched at all (special or not): tiktoken's ``encode_ordinary``, Kimi's ``allow_special_tokens=False``,
+  or, for a fast tokenizer, its own normalizer, pre-tokenizer and model without the added-token table
+  (``split_special_tokens`` alone still matches non-special added tokens such as Qwen3's ``<think>``).
+  The whole run is encoded in one call, so the ids never depend on where the string sits in it or where
+  the job cut the rendering: they are the tokenizer's encoding of the full rendering with the template's
+  control tokens as their ids and everything between them as text. A tokenizer whose model would still
+  produce a control id from that text gets the row refused (``unencodable_content``), never ids from a
+  text cut in two.
+- ``reject``: the row is refused (``special_token_in_content``).
+- ``control``: the string becomes its control id, as ``tokenizer.encode(rendered_text)`` would give it.
+
 A change of supervision inside a run (rare: Kimi's boundaries all sit on control tokens; Qwen's history
 turns start right after ``assistant\\n``) is placed by encoding the run's prefix: when the prefix's tokens
 are a prefix of the run's tokens the boundary is exact; otherwise one token straddles it, takes the
@@ -16,6 +30,7 @@ supervision of the side its first character is on (SpecForge's rule), and is cou
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +48,24 @@ class Encoded:
     loss_mask: list[int]
     straddles: int = 0  # tokens that cross a supervision boundary
     special_in_content: int = 0  # message fields holding a control-token string
+
+
+def _without_added_tokens(tokenizer: Any) -> Callable[[list[str]], list[list[int]]] | None:
+    """A fast tokenizer's own pipeline (normalizer, pre-tokenizer, model) with no added token matched: how it
+    encodes text that merely spells a special token. None when the tokenizer has no such backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    document = json.loads(backend.to_str())
+    document["added_tokens"] = []
+    textual = Tokenizer.from_str(json.dumps(document))
+    textual.no_truncation()
+    textual.no_padding()
+    return lambda texts: (
+        [e.ids for e in textual.encode_batch(texts, add_special_tokens=False)] if texts else []
+    )
 
 
 def _plain_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
@@ -83,32 +116,33 @@ class PieceEncoder:
             else None
         )
         self._plain = _plain_encoder(tokenizer)
+        self._tokenizer = tokenizer
+        self._textual: Callable[[list[str]], list[list[int]]] | None = None  # built on first need
 
     # ------------------------------------------------------------------ plain text
 
-    def _literal(self, text: str) -> list[int]:
-        """Encode text that contains an added-token string the backend still matched (e.g. Qwen's non-special
-        ``<think>``): cut each occurrence after its first character so it cannot match, encode the parts."""
-        assert self._control_re is not None
-        parts = []
-        pos = 0
-        for match in self._control_re.finditer(text):
-            parts.append(text[pos : match.start() + 1])
-            pos = match.start() + 1
-        parts.append(text[pos:])
-        ids = [i for chunk in self._plain([p for p in parts if p]) for i in chunk]
-        if not self.control_ids.isdisjoint(ids):
-            raise RowError(
-                "unencodable_content", "text with a special-token string could not be encoded as text"
-            )
-        return ids
+    def _as_text(self, texts: list[str]) -> list[list[int]]:
+        """Encode runs that spell an added token the plain encoder still matched (a fast tokenizer's
+        non-special added tokens, e.g. Qwen3's ``<think>``), each whole, with no added token matched."""
+        if self._textual is None:
+            self._textual = _without_added_tokens(self._tokenizer) or self._plain
+        out = self._textual(texts)
+        for text, ids in zip(texts, out, strict=True):
+            if not self.control_ids.isdisjoint(ids):
+                found = sorted({t for t in self.controls if t in text})
+                raise RowError(
+                    "unencodable_content",
+                    f"this tokenizer encodes {', '.join(found) or 'a special-token string'} typed in a "
+                    "message as its control token even as text; use --special-in-content reject or control",
+                )
+        return out
 
     def plain(self, texts: list[str]) -> list[list[int]]:
         out = self._plain(texts)
         if self.control_ids:
-            for n, ids in enumerate(out):
-                if not self.control_ids.isdisjoint(ids):
-                    out[n] = self._literal(texts[n])
+            again = [n for n, ids in enumerate(out) if not self.control_ids.isdisjoint(ids)]
+            for n, ids in zip(again, self._as_text([texts[n] for n in again]) if again else [], strict=True):
+                out[n] = ids
         return out
 
     # ------------------------------------------------------------------ conversations

@@ -350,10 +350,20 @@ class ChatRenderer:
         real = self._apply(messages, tools, generation_prompt)
         texts = self._slot_texts(skeleton, parts, slots, real)
         if texts is None:
+            typed = sorted(
+                {m.group(0) for _, text in slots for m in self._control_re.finditer(text)}
+                if self._control_re is not None
+                else set()
+            )
+            because = (
+                f" (a message holds {', '.join(typed)}, which the template treats as its own markup)"
+                if typed
+                else ""
+            )
             raise RowError(
                 "template_mismatch",
                 "the chat template changes message text in a way that cannot be "
-                "aligned (beyond trimming), so the loss mask cannot be placed exactly",
+                f"aligned (beyond trimming){because}, so the loss mask cannot be placed exactly",
             )
         occurrences = [idx for _, _, idx in parts if idx is not None]
         first: dict[int, int] = {}
