@@ -25,7 +25,8 @@ regen: bootstrap ## run the whole pipeline on $(INVENTORY) (default: the embedde
 stop: bootstrap ## stop what the pipeline left running (the model server)
 	ansible-playbook -i $(INVENTORY) playbooks/teardown.yml
 
-test: bootstrap lint check e2e ## every check: lint, unit + integration tests, end-to-end runs
+test: bootstrap lint ## every check: lint, unit + integration tests, end-to-end runs (molecule alongside)
+	@scripts/test-all.sh $(PYTEST_ARGS)
 
 lint: bootstrap ## ruff, yamllint, ansible-lint (production profile)
 	ruff check .

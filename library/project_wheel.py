@@ -108,7 +108,13 @@ def _build(module, project, files, python, timeout, into):
                 msg=f"building the wheel of {project} with {python} failed (exit {proc.returncode}); that "
                 "interpreter needs pip and setuptools (the controller venv has both): " + " | ".join(lines),
             )
-        os.rename(out_dir, into)
+        try:
+            os.rename(out_dir, into)
+        except OSError:
+            # Another run built the same digest at the same time and won the rename: the build is
+            # reproducible (SOURCE_DATE_EPOCH), so its wheel is this one.
+            if _built(into) is None:
+                raise
         return os.path.join(into, os.path.basename(wheel))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -75,6 +75,7 @@ dest: {description: The wheelhouse directory (O(dest))., type: str, returned: al
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -161,7 +162,7 @@ def main():
         "off",
         "--only-binary=:all:",
         "-d",
-        p["dest"],
+        None,  # the staging directory, below
         *target,
     ]
     # The index URL (credentials and all) reaches pip through its environment, never its command line.
@@ -172,6 +173,10 @@ def main():
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write(requirements_text(lock, missing_names))
         needed = handle.name
+    # pip writes into a staging directory; each finished file is then renamed into the wheelhouse, so a
+    # provisioning run reading it at the same time (another host, another play) never sees half a wheel.
+    staging = tempfile.mkdtemp(prefix=".incoming-", dir=p["dest"])
+    base[base.index(None)] = staging
     try:
         runs = []
         if missing:
@@ -194,8 +199,11 @@ def main():
                     ),
                     missing=missing,
                 )
+        for name in sorted(os.listdir(staging)):
+            os.replace(os.path.join(staging, name), os.path.join(p["dest"], name))
     finally:
         os.unlink(needed)
+        shutil.rmtree(staging, ignore_errors=True)
     if p["extra_packages"]:
         with open(extras_marker, "w") as handle:
             handle.write(extras_text)

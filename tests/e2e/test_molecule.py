@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.lxc]
 
 
 # scenario -> its platform (molecule/<scenario>/molecule.yml); the container is <platform>-<checkout hash>.

@@ -414,11 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         ).document(elapsed_s=round(time.monotonic() - began, 1), drafters=drafters)
 
     status.maybe_write(lambda: progress("running"), force=True)
-    try:
-        _run_all()
-    except BaseException:
-        status.maybe_write(lambda: progress("interrupted"), force=True, durable=True)
-        raise
+    status.arm()  # an error from here on ends as `failed` (or interrupted) in status.json (run_main)
+    _run_all()
 
     rows = [results.rows[(name, p["id"])] for p in prompts for name in drafters]
     report = build_report(rows, block_size=block, settings=settings, inputs=inputs)
@@ -427,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     plots, note = draw_plots(report, out)
     atomic_write_bytes(out / "report.md", render_markdown(report, [str(p) for p in plots], note).encode())
     atomic_write_json(report_path, report)  # last: its digest marks the evaluation complete
+    status.disarm()
     if report["lossless"]:
         status.maybe_write(lambda: progress("succeeded"), force=True, durable=True)
     else:
