@@ -24,6 +24,7 @@ def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
     return run.output, run.recap
 
 
+@pytest.mark.timeout(1800)  # three whole runs on 2 cores, beside the molecule scenarios in `make test`
 def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwards) -> None:
     output, first = _run_pipeline()
     assert all(stats["failed"] == 0 and stats["unreachable"] == 0 for stats in first.values()), first
