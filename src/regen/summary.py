@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from regen import records
+from regen import provenance, records
 from regen.fsio import read_json_object
 
 Record = dict[str, Any]
@@ -165,6 +165,11 @@ def collect(artifacts: Path) -> list[tuple[str, str]]:
     evaluation = _load(artifacts / records.EVALUATION_REPORT)
     if evaluation is not None:
         sections.append(("evaluate", lambda: evaluation_lines(evaluation)))
+    runs = provenance.run_dirs(artifacts)
+    if runs:
+        sections.append(
+            ("run", lambda: [("run", f"{runs[-1].name} (regen compare: what changed since a run before)")])
+        )
     for stage, build in sections:
         try:
             rows.extend(build())

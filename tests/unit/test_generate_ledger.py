@@ -204,7 +204,7 @@ def test_read_only_open_reports_without_touching_files(tmp_path):
 
 def test_second_writer_is_refused(tmp_path):
     first = reopen(tmp_path)
-    with pytest.raises(JobError, match=rf"another job \(pid {os.getpid()}\) is writing"):
+    with pytest.raises(JobError, match=rf"another generate job \(pid {os.getpid()}\) is writing"):
         reopen(tmp_path)
     first.close()
     reopen(tmp_path).close()  # released on close (and by the kernel when a process dies)

@@ -93,3 +93,12 @@ def test_servers_say_whether_they_were_last_seen_running_or_stopped(tmp_path: Pa
         "ct201-main: http://127.0.0.1:30000 (sglang, systemd mode), running",
         "old-main: http://127.0.0.1:30000 (sglang, systemd mode)",
     ]
+
+
+def test_the_latest_recorded_run_is_a_row(tmp_path: Path) -> None:
+    from regen import provenance
+
+    _write(tmp_path / "tokenized" / "stats.json", {"samples": 10, "tokens": 900, "supervised_fraction": 0.5})
+    assert "run" not in dict(summary.collect(tmp_path))
+    recorded = provenance.record(tmp_path)
+    assert dict(summary.collect(tmp_path))["run"].startswith(recorded["run_id"] + " (regen compare")

@@ -22,7 +22,6 @@ The design, and why it survives SIGKILL at any instant:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -36,7 +35,7 @@ import numpy as np
 
 from regen.fsio import fsync_dir, write_all
 
-from ._common import JobError, kv
+from ._common import DirectoryLock, kv
 
 log = logging.getLogger("regen.jobs.ledger")
 
@@ -195,7 +194,7 @@ class ShardStore:
         self._current: dict[int, _Current] = {}
         self._next_num = 0
         self._ledger_fd: int | None = None
-        self._lock_fd: int | None = None
+        self._writer_lock: DirectoryLock | None = None
         self.report = OpenReport()
 
     # ---------------------------------------------------------------- open / reconcile
@@ -224,19 +223,8 @@ class ShardStore:
         return self.report
 
     def _lock(self) -> None:
-        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise JobError(
-                f"another job (pid {holder}) is writing to {self.dir}; wait for it to finish or stop it "
-                "(two writers would break the exactly-once guarantee)"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        # One writer per output directory: two would break the exactly-once guarantee.
+        self._writer_lock = DirectoryLock(self.dir, "generate", LOCK_NAME).acquire()
 
     def _scan_files(self) -> dict[int, tuple[int, Path, int]]:
         files: dict[int, tuple[int, Path, int]] = {}
@@ -535,6 +523,6 @@ class ShardStore:
                 os.fsync(self._ledger_fd)
             os.close(self._ledger_fd)
             self._ledger_fd = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        if self._writer_lock is not None:
+            self._writer_lock.release()
+            self._writer_lock = None
