@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every test, in the least wall-clock time this machine allows (`make test`, and so CI), in two lanes:
-#   - background: the molecule scenarios (marker `lxc`, in LXC containers of their own), then the unit tests;
-#   - foreground: the integration tests (real playbook runs on localhost), then the local end-to-end runs.
+#   - background: the molecule scenarios (marker `lxc`, in LXC containers of their own), then the unit
+#     tests and the provisioning tests (venvs built in temporary directories from copied locks);
+#   - foreground: the other integration tests (real playbook runs on localhost), then the local end-to-end
+#     runs.
 # The lanes share no port, directory or process: the containers have their own network namespace, unit
 # tests work in temporary directories on ports they pick, and the shared caches under .cache/ are written
 # atomically. Molecule mostly waits on containers booting, apt and SSH, so it costs the other lane little.
@@ -16,18 +18,18 @@ started=$(date +%s)
 (
   pytest -m "lxc" "$@"
   lxc=$?
-  pytest tests/unit -m "not e2e" "$@"
+  pytest tests/unit tests/integration/test_provision.py -m "not e2e" "$@"
   unit=$?
-  echo "molecule exit $lxc, unit exit $unit"
+  echo "molecule exit $lxc, unit + provisioning exit $unit"
   [ "$lxc" -eq 0 ] && [ "$unit" -eq 0 ]
 ) >"$lxc_log" 2>&1 &
 lxc_pid=$!
 # A Ctrl-C or a CI timeout stops the background lane too, so no molecule run outlives this script.
 trap 'pkill -TERM -P "$lxc_pid" 2>/dev/null; kill -TERM "$lxc_pid" 2>/dev/null; wait "$lxc_pid" 2>/dev/null; exit 130' INT TERM
-echo "== background lane (molecule scenarios, then unit tests) started: $lxc_log"
+echo "== background lane (molecule scenarios, then unit and provisioning tests) started: $lxc_log"
 
-echo "== integration tests (not e2e)"
-pytest tests --ignore=tests/unit -m "not e2e" "$@"
+echo "== integration tests but provisioning (not e2e)"
+pytest tests --ignore=tests/unit --ignore=tests/integration/test_provision.py -m "not e2e" "$@"
 fast=$?
 echo "== local end-to-end runs (e2e, not lxc)"
 pytest -m "e2e and not lxc" "$@"
@@ -38,5 +40,5 @@ wait "$lxc_pid"
 lxc=$?
 trap - INT TERM
 cat "$lxc_log"
-echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (molecule + unit) exit $lxc"
+echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (molecule, unit, provisioning) exit $lxc"
 [ "$fast" -eq 0 ] && [ "$local_e2e" -eq 0 ] && [ "$lxc" -eq 0 ]
