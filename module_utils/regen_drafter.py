@@ -22,13 +22,16 @@ import struct
 
 from ansible.module_utils.regen_config import DTYPE_BYTES
 from ansible.module_utils.regen_families import family_of, text_config
-from ansible.module_utils.regen_plan import dflash_target_layer_ids, nested, plan_value
+from ansible.module_utils.regen_plan import (
+    dflash_target_layer_ids,
+    drafter_depth_and_block,
+    nested,
+    plan_value,
+)
 
 DRAFT_ARCHITECTURE = "DFlashDraftModel"
 # The DFlash draft model is itself a Qwen3-architecture model, whatever the target's family.
 DRAFT_MODEL_TYPE = "qwen3"
-DEFAULT_NUM_DRAFT_LAYERS = 5
-DEFAULT_BLOCK_SIZE = 16
 # SpecForge's DFlash loss needs a block of at least two tokens (model_providers._validate_dflash_block_size).
 MIN_BLOCK_SIZE = 2
 # Real DFlash drafters for 7168-wide MLA targets (SpecForge configs/kimi-k2.7-code-dflash.json) use GQA
@@ -202,7 +205,9 @@ def draft_config(
             )
             count_source = "the facts' plan"
         if count is None:
-            count, count_source = DEFAULT_NUM_DRAFT_LAYERS, f"the default ({DEFAULT_NUM_DRAFT_LAYERS})"
+            # No plan in the facts: the plan's own rule (a published recipe, else SpecForge's default).
+            (count, depth_reason), _ = drafter_depth_and_block(arch)
+            count_source = f"the plan's rule: {depth_reason}"
         if count < 1:
             raise DrafterPlanError(f"drafter_training_num_draft_layers must be at least 1, got {count!r}")
         if plan_ids and len(plan_ids) == count:
@@ -218,7 +223,8 @@ def draft_config(
     if count < 1:
         raise DrafterPlanError(f"drafter_training_num_draft_layers must be at least 1, got {count!r}")
 
-    block = _int(_first(block_size, plan.get("block_size"), DEFAULT_BLOCK_SIZE))
+    _, (default_block, default_block_reason) = drafter_depth_and_block(arch)
+    block = _int(_first(block_size, plan.get("block_size"), default_block))
     if block is None or block < MIN_BLOCK_SIZE:
         raise DrafterPlanError(
             f"block_size must be an integer >= {MIN_BLOCK_SIZE} (SpecForge's DFlash loss needs two tokens "
@@ -228,7 +234,7 @@ def draft_config(
     block_source = (
         "inventory"
         if block_size
-        else ("the facts' plan" if plan.get("block_size") else "SpecForge's default")
+        else ("the facts' plan" if plan.get("block_size") else f"the plan's rule: {default_block_reason}")
     )
     reasons["block_size"] = f"{block} from {block_source}"
 

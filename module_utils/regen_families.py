@@ -61,7 +61,8 @@ class Family:
 THINKING_SWITCHES = {"thinking": True, "enable_thinking": True, "reasoning_effort": "high"}
 
 # SpecForge's configs/kimi-k2.7-code-dflash.json: a drafter for the 61-layer, 7168-wide Kimi target.
-# Recorded only: regen's planned drafter defaults (5 layers, blocks of 16) are unchanged.
+# The plan follows it (regen_plan.drafter_depth_and_block); tests/fixtures/drafter/specforge/ keeps the file
+# (SOURCES.md names the commit), since SpecForge's main branch no longer carries it.
 KIMI_DFLASH = DrafterRecipe(
     source="SpecForge configs/kimi-k2.7-code-dflash.json",
     target_num_layers=61,

@@ -480,19 +480,47 @@ def plan_generation(arch, tokenizer, planner):
     return section
 
 
+def drafter_depth_and_block(arch):
+    """Pure: the planned drafter depth and block size, each with its reason.
+
+    A family with a published DFlash drafter (regen_families' drafter_recipe, the config SpecForge ships)
+    gets that recipe's depth and block size: it is what has been trained and measured at that scale, and
+    the target layers it reads then follow from SpecForge's own formula. Elsewhere SpecForge's defaults
+    (5 layers, blocks of 16). A target too shallow for the depth gets fewer layers, so that the target
+    layers stay distinct. A measured reason to differ goes into model_facts_plan_overrides.drafter.
+    """
+    layers = arch.get("num_layers")
+    row = family_of(arch)
+    recipe = row.drafter_recipe if row is not None else None
+    if recipe is not None:
+        depth = recipe.num_draft_layers
+        depth_reason = f"{depth} draft layers, as the published drafter for this family ({recipe.source})"
+        block = recipe.block_size
+        block_reason = f"blocks of {block} tokens, as the published drafter for this family ({recipe.source})"
+        if layers and layers != recipe.target_num_layers:
+            note = f"; that drafter is for a {recipe.target_num_layers}-layer target, this one has {layers}"
+            depth_reason += note
+            block_reason += note
+    else:
+        depth = DEFAULTS["num_draft_layers"]
+        depth_reason = f"SpecForge's default drafter depth ({depth}); no published drafter for this family"
+        block = DEFAULTS["block_size"]
+        block_reason = f"SpecForge's default block of {block} tokens; no published drafter for this family"
+    if layers and layers - 3 < depth:
+        depth = max(1, layers - 3)
+        depth_reason = (
+            f"the target has only {layers} layers: {depth} draft layer(s) keep the target layers distinct"
+        )
+    return (depth, depth_reason), (block, block_reason)
+
+
 def plan_drafter(arch, tokenizer, planner):
     tokenizer = tokenizer or {}
     layers = arch.get("num_layers")
     section = {
         "method": planner.pick("drafter", "method", "dflash", "DFlash block-diffusion drafter (SpecForge)")
     }
-    default_n = DEFAULTS["num_draft_layers"]
-    reason = "DFlash's usual drafter depth"
-    if layers and layers - 3 < default_n:
-        default_n = max(1, layers - 3)
-        reason = (
-            f"the target has only {layers} layers: {default_n} draft layer(s) keep the target layers distinct"
-        )
+    (default_n, reason), (default_block, block_reason) = drafter_depth_and_block(arch)
     section["num_draft_layers"] = planner.pick("drafter", "num_draft_layers", default_n, reason)
     n = section["num_draft_layers"]["value"]
     if layers:
@@ -506,13 +534,15 @@ def plan_drafter(arch, tokenizer, planner):
     else:
         ids, ids_reason = None, "target layer count unknown"
     section["target_layer_ids"] = planner.pick("drafter", "target_layer_ids", ids, ids_reason)
-    section["block_size"] = planner.pick(
-        "drafter", "block_size", DEFAULTS["block_size"], "DFlash drafts blocks of 16 tokens by default"
-    )
+    section["block_size"] = planner.pick("drafter", "block_size", default_block, block_reason)
     mask = tokenizer.get("mask_token") or {}
-    section["mask_token_id"] = planner.pick(
-        "drafter", "mask_token_id", mask.get("id"), mask.get("reason") or "tokenizer facts unavailable"
-    )
+    mask_reason = mask.get("reason") or "tokenizer facts unavailable"
+    row = family_of(arch)
+    recipe = row.drafter_recipe if row is not None else None
+    if recipe is not None and mask.get("id") is not None and mask["id"] != recipe.mask_token_id:
+        # Either works for a drafter trained here; a published drafter's checkpoint needs its own id.
+        mask_reason += f" (the published drafter uses id {recipe.mask_token_id})"
+    section["mask_token_id"] = planner.pick("drafter", "mask_token_id", mask.get("id"), mask_reason)
     section["mask_token"] = planner.pick(
         "drafter",
         "mask_token",

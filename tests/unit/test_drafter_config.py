@@ -74,8 +74,9 @@ def test_golden_drafter_configs(name: str) -> None:
 def test_kimi_k26_numbers() -> None:
     config, _, _ = d.draft_config(_facts("kimi-k2.6", 163838), _target("kimi-k2.6"))
     assert (config["hidden_size"], config["vocab_size"], config["num_target_layers"]) == (7168, 163840, 61)
-    assert config["dflash_config"] == {"target_layer_ids": [1, 15, 30, 44, 58], "mask_token_id": 163838}
-    assert config["block_size"] == 16 and config["num_hidden_layers"] == 5
+    # With no plan in the facts, the plan's rule: the published Kimi drafter's 6 layers and blocks of 8.
+    assert config["dflash_config"] == {"target_layer_ids": [1, 12, 24, 35, 47, 58], "mask_token_id": 163838}
+    assert config["block_size"] == 8 and config["num_hidden_layers"] == 6
     # Kimi nests the language model under text_config: rope comes from there, in SpecForge's classic keys.
     assert config["rope_theta"] == 50000.0 and config["rope_scaling"]["factor"] == 64.0
     assert config["max_position_embeddings"] == 262144
@@ -91,11 +92,10 @@ def test_qwen3_8b_reproduces_specforges_own_config() -> None:
     assert ours["dflash_config"] == _specforge("qwen3-4b-dflash.json")["dflash_config"]
 
 
-def test_kimi_six_layers_reproduces_specforges_kimi_config() -> None:
-    """With 6 draft layers and blocks of 8, Kimi K2.6 gives SpecForge's Kimi K2.7 DFlash config exactly."""
-    ours, _, _ = d.draft_config(
-        _facts("kimi-k2.6", 163838), _target("kimi-k2.6"), num_draft_layers=6, block_size=8
-    )
+def test_kimi_defaults_reproduce_specforges_kimi_config() -> None:
+    """Unset, Kimi K2.6's drafter is SpecForge's published Kimi K2.7 DFlash config exactly."""
+    ours, reasons, _ = d.draft_config(_facts("kimi-k2.6", 163838), _target("kimi-k2.6"))
+    assert "published drafter" in reasons["block_size"] and "published drafter" in reasons["num_hidden_layers"]
     real = _specforge("kimi-k2.7-code-dflash.json")
     ignored = {"transformers_version", "mask_token_id"}  # a version stamp and a duplicate of dflash_config's
     differing = {k: (real[k], ours.get(k)) for k in real if k not in ignored and real[k] != ours.get(k)}

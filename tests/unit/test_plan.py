@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -110,11 +111,38 @@ def test_target_layer_ids_known_values() -> None:
     assert dflash_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
 
 
-def test_drafter_plan_for_kimi() -> None:
+def test_drafter_plan_for_kimi_follows_the_published_drafter() -> None:
+    # SpecForge's own DFlash config for the 61-layer Kimi target, kept as a fixture (SOURCES.md).
+    published = json.loads(
+        (FIXTURES.parent / "drafter" / "specforge" / "kimi-k2.7-code-dflash.json").read_text()
+    )
     arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
-    drafter = _values(make_plan(arch, None, _gpus(8))["drafter"])
-    assert drafter["target_layer_ids"] == dflash_target_layer_ids(61, 5)
-    assert (drafter["hidden_size"], drafter["vocab_size"], drafter["block_size"]) == (7168, 163840, 16)
+    plan = make_plan(arch, None, _gpus(8))["drafter"]
+    drafter = _values(plan)
+    assert drafter["num_draft_layers"] == published["num_hidden_layers"]
+    assert drafter["block_size"] == published["block_size"]
+    assert drafter["target_layer_ids"] == published["dflash_config"]["target_layer_ids"]
+    assert (drafter["hidden_size"], drafter["vocab_size"]) == (published["hidden_size"], 163840)
+    for key in ("num_draft_layers", "block_size"):
+        assert "published drafter" in plan[key]["reason"] and "kimi-k2.7-code-dflash" in plan[key]["reason"]
+
+
+def test_drafter_plan_without_a_published_recipe_uses_specforge_defaults() -> None:
+    arch = read_model_dir(str(FIXTURES / "qwen3-8b"))
+    plan = make_plan(arch, None, _gpus(8))["drafter"]
+    assert (plan["num_draft_layers"]["value"], plan["block_size"]["value"]) == (5, 16)
+    assert "no published drafter" in plan["block_size"]["reason"]
+    assert plan["target_layer_ids"]["value"] == dflash_target_layer_ids(36, 5)
+
+
+def test_published_mask_id_is_named_when_the_tokenizer_picks_another() -> None:
+    arch = read_model_dir(str(FIXTURES / "kimi-k2.5"))
+    tokenizer = {"mask_token": {"id": 163837, "token": "<|reserved|>", "reason": "reserved special token"}}
+    plan = make_plan(arch, tokenizer, _gpus(8))["drafter"]
+    assert plan["mask_token_id"]["value"] == 163837
+    assert "published drafter uses id 163838" in plan["mask_token_id"]["reason"]
+    same = make_plan(arch, {"mask_token": dict(tokenizer["mask_token"], id=163838)}, _gpus(8))["drafter"]
+    assert "published" not in same["mask_token_id"]["reason"]
 
 
 def test_overrides_replace_values_and_feed_dependent_ones() -> None:
