@@ -95,3 +95,19 @@ def test_production_example_describes_ct200() -> None:
     for group in ("regen_serve", "regen_generate", "regen_train"):
         assert listed[group]["hosts"] == ["ct200"], group
     assert "regen_demo" not in listed or not listed["regen_demo"].get("hosts")
+
+
+def test_production_example_regenerates_a_real_prompt_mix() -> None:
+    """CT200 must not regenerate the demo prompts: real sets, each accepted by the prompts job's parser."""
+    from regen.jobs.prompts import parse_source
+
+    result = _ansible("ansible-inventory", "-i", "inventory/production.example", "--host", "ct200")
+    assert result.returncode == 0, result.stderr
+    ct200 = json.loads(result.stdout)
+    sources = [parse_source(spec) for spec in ct200["prompt_data_sources"]]
+    assert not [s for s in sources if s.kind == "builtin"], "the production example uses the demo prompts"
+    assert len(sources) >= 3 and len({s.name for s in sources}) == len(sources)
+    # Sizes add up to the 100,000-prompt set the plan is sized for (GSM8K: its whole train split).
+    gsm8k_train_rows = 7473
+    assert sum(s.sample or gsm8k_train_rows for s in sources) == 100_000
+    assert 0 < ct200["prompt_data_eval_fraction"] < 0.1
