@@ -22,6 +22,12 @@ options:
     description: Also read C(nvidia-smi topo -m) when there is more than one GPU.
     type: bool
     default: true
+  nccl_p2p_file:
+    description:
+      - The NCCL peer-to-peer measurement C(python -m regen.serving.p2p_probe) wrote on this host at
+        provision time. Its decision is returned as C(gpu.nccl_p2p) when it was measured for these GPUs and
+        this driver (C(gpu.p2p_fingerprint)); a missing file leaves C(nccl_p2p) out.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -72,13 +78,25 @@ gpu:
     interconnect:
       description: C(nvlink), C(pcie), C(mixed) or C(single), from C(nvidia-smi topo -m).
       type: str
+    p2p_fingerprint:
+      description: The GPUs' UUIDs and the driver, hashed; a P2P measurement holds only for the same value.
+      type: str
+    nccl_p2p:
+      description:
+        - With O(nccl_p2p_file) present, C(measured), and when measured C(p2p) (bool), C(env) (what the
+          server needs, e.g. C(NCCL_P2P_DISABLE=1)), C(reason) (the bandwidths) and C(busbw_gbps) per mode.
+      type: dict
+      returned: when O(nccl_p2p_file) exists
     reason:
       description: Why C(count) is 0, when it is.
       type: str
 """
 
+import json
+import os
+
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_gpu import gather
+from ansible.module_utils.regen_gpu import gather, p2p_fingerprint, p2p_measurement
 
 
 def main():
@@ -86,6 +104,7 @@ def main():
         argument_spec={
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "topology": {"type": "bool", "default": True},
+            "nccl_p2p_file": {"type": "path"},
         },
         supports_check_mode=True,
     )
@@ -94,7 +113,18 @@ def main():
     def run(argv):
         return module.run_command(argv, environ_update={"LC_ALL": "C"})
 
-    module.exit_json(changed=False, gpu=gather(run, path, module.params["topology"]))
+    gpu = gather(run, path, module.params["topology"])
+    gpu["p2p_fingerprint"] = p2p_fingerprint(gpu)
+    p2p_file = module.params["nccl_p2p_file"]
+    if p2p_file and os.path.isfile(p2p_file):
+        try:
+            with open(p2p_file, encoding="utf-8") as handle:
+                doc = json.load(handle)
+        except (OSError, ValueError) as exc:
+            doc = None
+            module.warn(f"{p2p_file} is not readable JSON ({exc}); re-run the provision stage to measure")
+        gpu["nccl_p2p"] = p2p_measurement(doc, gpu["p2p_fingerprint"])
+    module.exit_json(changed=False, gpu=gpu)
 
 
 if __name__ == "__main__":

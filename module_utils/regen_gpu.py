@@ -7,6 +7,8 @@ nvidia-smi at all, is an ordinary answer: count 0 with the reason.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 
 QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "memory.total", "driver_version", "compute_cap")
@@ -263,3 +265,37 @@ def gather(run, nvidia_smi_path, want_topology=True):
         topology = parse_topology(topo) if rc == 0 else None
     reason = None if gpus else "nvidia-smi lists no GPU"
     return summarize(gpus, driver, cuda, topology, reason, nvidia_smi_path)
+
+
+# The NCCL peer-to-peer measurement (regen.serving.p2p_probe) recorded on the host at provision time.
+P2P_SCHEMA = "regen.nccl_p2p/1"
+
+
+def p2p_fingerprint(gpu):
+    """What a P2P measurement holds for: the GPUs (by UUID, so a swapped card re-measures) and the driver."""
+    uuids = sorted(g.get("uuid") or g.get("pci_bus_id") or "" for g in gpu.get("gpus") or [])
+    text = json.dumps([uuids, gpu.get("driver_version")], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def p2p_measurement(doc, fingerprint):
+    """The facts' `nccl_p2p` entry from a measurement document: the decision when it was measured for these
+    GPUs and this driver, else `measured: false` with why (the serving plan then keeps its default)."""
+    if not isinstance(doc, dict) or doc.get("schema") != P2P_SCHEMA:
+        return {"measured": False, "reason": "the recorded measurement is not a regen.nccl_p2p/1 document"}
+    if doc.get("fingerprint") != fingerprint:
+        return {
+            "measured": False,
+            "reason": "the recorded measurement was taken on other GPUs or another driver; "
+            "re-run the provision stage to measure again",
+        }
+    decision = doc.get("decision") if isinstance(doc.get("decision"), dict) else {}
+    modes = doc.get("modes") if isinstance(doc.get("modes"), dict) else {}
+    return {
+        "measured": True,
+        "p2p": bool(decision.get("p2p")),
+        "env": {str(k): str(v) for k, v in (decision.get("env") or {}).items()},
+        "reason": str(decision.get("reason") or ""),
+        "busbw_gbps": {mode: (modes.get(mode) or {}).get("busbw_gbps") for mode in ("p2p_on", "p2p_off")},
+        "world_size": doc.get("world_size"),
+    }

@@ -505,6 +505,14 @@ def _gpu_env(spec, settings, per_node):
         env["TORCH_CUDA_ARCH_LIST"] = ";".join(sorted(set(capabilities)))
         settings._set("torch_cuda_arch_list", env["TORCH_CUDA_ARCH_LIST"], "facts",
                       "the GPUs' compute capabilities, so JIT-compiled kernels target them")
+    measured = gpu.get("nccl_p2p") if isinstance(gpu.get("nccl_p2p"), dict) else {}
+    if measured.get("measured") and per_node > 1:
+        # Provisioning measured P2P on this host (regen.serving.p2p_probe): that beats any assumption.
+        decided = {str(k): str(v) for k, v in (measured.get("env") or {}).items()}
+        env.update(decided)
+        settings._set("nccl_env", decided, "facts",
+                      f"measured at provision time: {measured.get('reason') or 'no reason recorded'}")
+        return env
     pcie_blackwell = (gpu.get("interconnect") == "pcie" and per_node > 1
                       and any(c.startswith("12.") for c in capabilities))
     extra = spec.get("pcie_blackwell_env")
@@ -512,9 +520,11 @@ def _gpu_env(spec, settings, per_node):
         extra = PCIE_BLACKWELL_ENV
     if pcie_blackwell and extra:
         env.update({str(k): str(v) for k, v in extra.items()})
+        not_measured = measured.get("reason") or "no measurement recorded (the provision stage takes one)"
         settings._set("nccl_env", dict(extra), "facts",
                       "PCIe-only Blackwell (sm_120) GPUs: NCCL peer-to-peer hangs unless IOMMU/ACS are off "
-                      "(NVIDIA/nccl#1999); set sglang_server_pcie_blackwell_environment: {} once P2P works")
+                      f"(NVIDIA/nccl#1999), and P2P was not measured here ({not_measured}); set "
+                      "sglang_server_pcie_blackwell_environment: {} once P2P works")
     return env
 
 

@@ -135,6 +135,28 @@ def test_nccl_p2p_is_disabled_only_for_several_pcie_blackwell_gpus():
     assert inventory_wins["env"]["TORCH_CUDA_ARCH_LIST"] == "12.0a"
 
 
+def _measured(p2p: bool, on: float, off: float) -> dict:
+    env = {} if p2p else {"NCCL_P2P_DISABLE": "1"}
+    return {"measured": True, "p2p": p2p, "env": env, "reason": f"{on} GB/s with P2P, {off} GB/s without",
+            "busbw_gbps": {"p2p_on": on, "p2p_off": off}, "world_size": 8}
+
+
+def test_a_p2p_measurement_decides_nccl_p2p_instead_of_the_blackwell_default():
+    works = rs.plan_server(_spec(facts=_with_gpu(nccl_p2p=_measured(True, 41.2, 18.9))))
+    assert "NCCL_P2P_DISABLE" not in works["env"]
+    assert "measured at provision time: 41.2 GB/s" in works["settings"]["nccl_env"]["reason"]
+    hangs = rs.plan_server(_spec(facts=_with_gpu(nccl_p2p=_measured(False, 0.0, 18.9))))
+    assert hangs["env"]["NCCL_P2P_DISABLE"] == "1"
+    stale = {"measured": False, "reason": "measured on other GPUs or another driver"}
+    unmeasured = rs.plan_server(_spec(facts=_with_gpu(nccl_p2p=stale)))
+    assert unmeasured["env"]["NCCL_P2P_DISABLE"] == "1"  # the PCIe Blackwell default, and it says why
+    assert "other GPUs or another driver" in unmeasured["settings"]["nccl_env"]["reason"]
+    # The inventory's own environment still wins over a measurement.
+    forced = rs.plan_server(_spec(facts=_with_gpu(nccl_p2p=_measured(True, 41.2, 18.9)),
+                                  env={"NCCL_P2P_DISABLE": "1"}))
+    assert forced["env"]["NCCL_P2P_DISABLE"] == "1"
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "::1", "localhost"])
 def test_loopback_addresses(host):
     assert rs.is_loopback(host)
