@@ -123,3 +123,19 @@ def test_an_endpoint_password_never_shows_and_the_job_still_uses_it(tmp_path):
         tmp_path / "artifacts" / "completions" / "status-localhost.json",
     ]:
         assert secret not in path.read_text() and "alice:***@" in path.read_text()
+
+
+def test_a_server_answering_garbage_fails_the_stage_with_the_detectors_words(tmp_path):
+    # Every answer is the "+" x 50 an NVFP4 model served on sm_120 (sgl-project/sglang issue 24321): with the
+    # role's defaults the rolling stop trips after 20 answers and the stage fails, keeping what it wrote.
+    garbage = "+" * 50
+    with StubServer(StubConfig(replies={"": garbage})) as stub:
+        extra = stage_vars(tmp_path, stub, completions_concurrency=1)
+        run = run_playbook(PLAYBOOKS, extra_vars=extra, timeout=300)
+    out = run.output
+    assert run.returncode != 0 and run.counts("localhost")["failed"] == 1, out[-4000:]
+    assert "the generation job exited with 3" in out, out[-4000:]
+    assert "completions are degenerate" in out and "the server is producing garbage" in out, out[-4000:]
+    status = json.loads((tmp_path / "work" / "completions" / "status.json").read_text())
+    assert status["state"] == "failed" and status["degeneration"]["tripped"] is True
+    assert 20 <= status["done"] < 24

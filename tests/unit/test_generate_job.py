@@ -337,3 +337,62 @@ def test_status_file_and_dry_run(tmp_path, stub):
     assert status["endpoints"][0]["ok"] == 4
     assert G.dry_run(s)["complete"] is True
     assert G.dry_run(settings(tmp_path, [stub.url], max_tokens=1))["config_matches"] is False
+
+
+# -- the rolling degeneration stop (regen.quality.detector) --------------------------------------------
+
+
+def _garbage(name: str) -> str:
+    """A real degenerate output quoted in a public issue (tests/fixtures/quality/outputs.json)."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "quality" / "outputs.json"
+    return next(o["text"] for o in json.loads(fixture.read_text())["garbage"] if o["id"] == name)
+
+
+def test_a_server_answering_garbage_stops_the_job_and_keeps_what_it_wrote(tmp_path):
+    plus = _garbage("sglang-24321-nvfp4-plus")  # "+" x 50, SGLang on sm_120 with NVFP4
+    simple_prompts(tmp_path, 60)
+    with StubServer(StubConfig(replies={"question": plus}, delay=0.01)) as srv:
+        s = settings(tmp_path, [srv.url], concurrency=1, degenerate_window=10, degenerate_threshold=0.5,
+                     degenerate_min_samples=5)
+        code, _ = run(s)
+    assert code == 3  # EXIT_UNAVAILABLE: the server is unusable as it is
+    status = json.loads((s.output_dir / "status.json").read_text())
+    validate(status)
+    assert status["state"] == "failed" and status["exit_code"] == 3
+    assert "completions are degenerate" in status["error"] and "one_token_repeated" in status["error"]
+    assert status["degeneration"]["tripped"] is True
+    kept = records(s.output_dir)
+    # It stopped early (the first judged window), and every record it wrote is flagged, none torn.
+    assert 5 <= len(kept) < 60
+    assert all(r["quality"] and "one_token_repeated" in r["quality"][0] for r in kept.values())
+    # The rest stays pending: a re-run against a fixed server finishes the set without doubles.
+    with StubServer(StubConfig()) as fixed:
+        code, _ = run(settings(tmp_path, [fixed.url], degenerate_window=10, degenerate_threshold=0.5,
+                               degenerate_min_samples=5))
+    assert code == 0
+    assert sorted(records(s.output_dir)) == sorted(f"p{i}" for i in range(60))
+
+
+def test_a_few_odd_answers_do_not_stop_a_healthy_run(tmp_path):
+    simple_prompts(tmp_path, 30)
+    # Two of thirty answers degenerate (7%): under the 20% threshold, kept and flagged, the run finishes.
+    replies = {"question 3": _garbage("sglang-24321-nvfp4-plus"), "question 17": ""}
+    with StubServer(StubConfig(replies=replies)) as srv:
+        s = settings(tmp_path, [srv.url], degenerate_window=30, degenerate_min_samples=5)
+        code, _ = run(s)
+    assert code == 0
+    kept = records(s.output_dir)
+    assert len(kept) == 30
+    assert {rid for rid, r in kept.items() if r.get("quality")} == {"p3", "p17"}
+    status = json.loads((s.output_dir / "status.json").read_text())
+    assert status["degeneration"]["degenerate_total"] == 2 and status["degeneration"]["tripped"] is False
+
+
+def test_degeneration_settings_that_cannot_work_are_refused():
+    from regen.jobs.generate.cli import build_parser, settings_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(["--input", "x", "--output-dir", "o", "--endpoint", "http://127.0.0.1:1",
+                              "--model", "m", "--degenerate-threshold", "1.5"])
+    with pytest.raises(JobError, match="--degenerate-threshold"):
+        settings_from_args(args)

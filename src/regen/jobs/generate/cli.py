@@ -19,6 +19,7 @@ from regen.jobs._common import (
 )
 from regen.jobs.generate.job import GenerateJob, Settings, dry_run
 from regen.jobs.generate.rows import RESERVED_BODY_KEYS, normalize_endpoint
+from regen.quality.detector import add_rolling_arguments, rolling_from_args
 
 log = logging.getLogger("regen.jobs.generate")
 
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1800.0,
         help="stop (exit 3) when every endpoint has been down this long",
     )
+    add_rolling_arguments(p)
     return p
 
 
@@ -169,6 +171,10 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         raise JobError("--max-tokens must be at least 1")
     if a.stop_grace < 0:
         raise JobError("--stop-grace must be 0 or more seconds")
+    try:
+        rolling_from_args(a)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
     api_key = source = None
     if a.api_key_env:
         api_key = os.environ.get(a.api_key_env)
@@ -236,6 +242,9 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         allow_config_change=a.allow_config_change,
         seed=a.seed,
         stop_grace=a.stop_grace,
+        degenerate_window=a.degenerate_window,
+        degenerate_threshold=a.degenerate_threshold,
+        degenerate_min_samples=a.degenerate_min_samples,
     )
 
 

@@ -61,6 +61,7 @@ from regen.jobs.generate.rows import (
 )
 from regen.jobs.generate.stale import ASIDE_NAME, input_keys, inputs_digest, prompt_key, stale_reason
 from regen.jobs.status import Status
+from regen.quality.detector import RollingDegeneration
 
 # HTTP statuses that say the request is not allowed: every other request would be refused the same way.
 AUTH_STATUS = frozenset({401, 403})
@@ -117,6 +118,12 @@ class Settings:
     allow_config_change: bool = False
     seed: int | None = None
     stop_grace: float = 30.0  # after SIGTERM: how long requests in flight may finish before they are cut
+    # The rolling degeneration stop (regen.quality.detector): judge the last N answers, stop when more than
+    # `degenerate_threshold` of them are garbage; window 0 turns it off. Not part of the provenance: it
+    # decides whether the job goes on, never what an answer says.
+    degenerate_window: int = 200
+    degenerate_threshold: float = 0.2
+    degenerate_min_samples: int = 20
 
     def provenance(self) -> dict[str, Any]:
         """What determines the content of a completion; a resumed run must use the same."""
@@ -209,6 +216,15 @@ class GenerateJob:
         if s.api_key:
             self._headers["Authorization"] = f"Bearer {s.api_key}"
         self._base_body = s.base_body()
+        self.degeneration = (
+            RollingDegeneration(
+                window=s.degenerate_window,
+                threshold=s.degenerate_threshold,
+                min_samples=s.degenerate_min_samples,
+            )
+            if s.degenerate_window
+            else None
+        )
         self._secrets = sorted(
             {x for u in s.endpoints for x in url_secrets(u)} | ({s.api_key} if s.api_key else set()),
             key=len,
@@ -331,6 +347,7 @@ class GenerateJob:
             heartbeat_s=self.s.status_interval,
             superseded=self._moved.get("superseded", 0),
             orphaned=self._moved.get("orphaned", 0),
+            degeneration=self.degeneration.summary() if self.degeneration is not None else None,
         )
 
     def _error_text(self) -> str | None:
@@ -500,6 +517,8 @@ class GenerateJob:
                 "turns": turns,
                 "provenance": self._provenance_record,
             }
+            if self.degeneration is not None:
+                self._judge(record, rid, comp.content)
             kind = KIND_DROPPED if (truncated and self.s.truncated == "drop") else KIND_COMPLETIONS
             line = json.dumps(record, ensure_ascii=False).encode()
             await queue.put(("ok", kind, digest, line, usage_in, usage_out, truncated))
@@ -537,6 +556,18 @@ class GenerateJob:
             await queue.put(("err", None, digest, self._error_line(err), 0, 0, False))
         finally:
             sem.release()
+
+    def _judge(self, record: dict[str, Any], rid: str, answer: str | None) -> None:
+        """Feed the last answer to the rolling detector. A degenerate answer is kept, flagged in the record
+        (`quality`); once the recent share passes the threshold the job stops, keeping what it wrote: a
+        broken server must not fill the whole run with garbage."""
+        assert self.degeneration is not None
+        findings = self.degeneration.add(answer, key=rid)
+        if findings:
+            record["quality"] = [str(f) for f in findings]
+        if self.degeneration.tripped and self._fatal is None:
+            self._fatal = (self.degeneration.message(), EXIT_UNAVAILABLE)
+            self._stopping = True
 
     def _auth_message(self, reason: str) -> str:
         where = self.s.api_key_source
