@@ -153,6 +153,20 @@ options:
     description: Prefix of the run id.
     type: str
     default: dflash
+  training_topology:
+    description:
+      - Where hidden states come from and where the drafter trains (module_utils/regen_training_topology.py);
+        C(auto) plans offline when the features fit the disk budget, else online when a capture server fits
+        beside the trainer, else rolling offline; null follows O(hidden_states).
+    type: str
+    choices: [auto, offline, online, rolling]
+  capture_hosts:
+    description:
+      - Hosts that may run a capture server (group C(regen_capture), else C(regen_serve)); each is taken to
+        have the GPUs the facts describe (C(environment.gpu)).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -224,6 +238,13 @@ run_config:
   description: The SpecForge run config (C(specforge train --config)) as a dict.
   returned: success
   type: dict
+training_topology:
+  description:
+    - C(mode) (offline, online or rolling), C(reason), C(arithmetic) (lines an operator can check),
+      C(rounds) and C(shard_samples) (rolling), C(capture_servers) and C(trainer_gpus) (online),
+      C(trainer_gpu_bytes).
+  returned: success
+  type: dict
 """
 
 import json
@@ -243,6 +264,8 @@ from ansible.module_utils.regen_drafter import (
     trainer_topology,
     weight_keys,
 )
+from ansible.module_utils.regen_plan import nested
+from ansible.module_utils.regen_training_topology import TopologyError, plan_topology
 
 
 def _free_bytes(path):
@@ -255,6 +278,40 @@ def _free_bytes(path):
         probe = parent
     stat = os.statvfs(probe)
     return stat.f_bavail * stat.f_frsize
+
+
+def _training_topology(p, states, config):
+    """Offline, online or rolling (regen_training_topology.plan_topology) from the inventory and the facts."""
+    requested = p["training_topology"] or p["hidden_states"]
+    if requested in ("online", "auto") and (p["online"] or {}).get("server_urls"):
+        return {
+            "mode": "online",
+            "reason": "online: capture servers given in inventory (drafter_training_online_server_urls)",
+            "arithmetic": [states["arithmetic"]],
+        }
+    gpu = nested(p["facts"], "environment", "gpu") or {}
+    count = int(gpu.get("count") or 0)
+    memory = gpu.get("memory_per_gpu_bytes")
+    serving = nested(p["facts"], "plan_values", "serving") or {}
+    need = None
+    if count:
+        need = int(serving.get("tp_size") or 1) * int(serving.get("pp_size") or 1)
+    free = states.get("free_bytes")
+    return plan_topology(
+        requested,
+        states["required_bytes"],
+        None if free is None else int(free * p["max_fill"]),
+        p["samples"],
+        capture_gpus_needed=need,
+        capture_hosts=[{"name": h, "gpus": count, "gpu_memory_bytes": memory} for h in p["capture_hosts"]],
+        train_hosts=[
+            {"name": h, "gpus": p["gpus_per_host"] if count else 0, "gpu_memory_bytes": memory}
+            for h in p["hosts"]
+        ],
+        draft_config=config,
+        max_length=p["max_length"],
+        batch_size=p["batch_size"],
+    )
 
 
 def _read_target(module, model_path, require):
@@ -311,6 +368,8 @@ def main():
             dataloader_num_workers=dict(type="int"),
             online=dict(type="dict", default={}),
             extra_config=dict(type="dict", default={}),
+            training_topology=dict(type="str", choices=["auto", "offline", "online", "rolling"]),
+            capture_hosts=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -335,6 +394,11 @@ def main():
             _free_bytes(p["hidden_states_dir"]),
             max_fill=p["max_fill"],
         )
+        placement = _training_topology(p, states, config)
+        if placement["mode"] == "offline" and states["mode"] != "offline":
+            states = dict(states, mode="offline", reason=placement["reason"])
+        elif placement["mode"] == "online":
+            states = dict(states, mode="online", reason=placement["reason"])
         topology = trainer_topology(p["hosts"], p["host"], p["gpus_per_host"], p["master_port"])
         world = topology["nnodes"] * topology["nproc_per_node"]
         steps = None
@@ -342,8 +406,16 @@ def main():
             steps = total_steps(
                 p["samples"], p["batch_size"], world, p["accumulation_steps"], p["epochs"], p["max_steps"]
             )
-    except DrafterPlanError as exc:
+    except (DrafterPlanError, TopologyError) as exc:
         module.fail_json(msg=str(exc))
+    if placement["mode"] == "rolling":
+        module.fail_json(
+            msg="rolling offline training is planned ({}; {}) but the train stage does not run rolling "
+            "rounds yet: give the run a capture server of its own (a host in group regen_capture, or "
+            "drafter_training_online_server_urls) for online training, or fewer samples so that the hidden "
+            "states fit the disk".format(placement["reason"], "; ".join(placement["arithmetic"])),
+            training_topology=placement,
+        )
     found_embedding, found_head = embedding_and_head_keys(keys)
     embedding_key = p["embedding_key"] or found_embedding
     lm_head_key = p["lm_head_key"] or found_head
@@ -449,6 +521,7 @@ def main():
         paths=paths,
         run_config=run_config,
         sglang_args=sglang_dflash_args(paths["export"], config["block_size"]),
+        training_topology=placement,
     )
 
 

@@ -77,8 +77,9 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
     )
     assert set(recap) == {"ct200"} and recap["ct200"]["failed"] == recap["ct200"]["unreachable"] == 0
     flat = re.sub(r"\s+", " ", output)
-    assert "target layers [1, 15, 30, 44, 58] of 61" in flat
-    assert "5 layers x 7168 hidden x 2 B (bfloat16) = 71680 B/token (70.0 KiB)" in flat
+    # SpecForge's published Kimi drafter: six draft layers reading six target layers.
+    assert "target layers [1, 12, 24, 35, 47, 58] of 61" in flat
+    assert "6 layers x 7168 hidden x 2 B (bfloat16) = 86016 B/token (84.0 KiB)" in flat
     assert "on 8 trainer process(es), node rank 0 of 1" in flat
     # The serving stage is stopped first: training and the SGLang capture need its GPUs.
     assert "TASK [sglang_server : Stop the server]" in output
@@ -87,7 +88,7 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
         "/root/venv_specforge/bin/python -m regen.training.rendezvous --host 127.0.0.1 --port 29500 "
         "--nproc 8 -- regen.training.capture --backend sglang"
     ) in flat
-    assert "--layers 1,15,30,44,58" in flat and '{"ep_size": 8, "mem_fraction_static": 0.8}' in flat
+    assert "--layers 1,12,24,35,47,58" in flat and '{"ep_size": 8, "mem_fraction_static": 0.8}' in flat
     # One host: the ranks start through regen's rendezvous, the store on loopback at the plan's port.
     assert re.search(
         r"-- /root/venv_specforge/bin/python -m regen.training.rendezvous --host 127.0.0.1 --port 29500 "

@@ -261,3 +261,14 @@ def test_kimi_facts_make_the_golden(tmp_path: Path) -> None:
         _kimi_facts(), json.loads((FIXTURES / "targets" / "kimi-k2.6" / "config.json").read_text())
     )
     assert config == json.loads((FIXTURES / "golden" / "kimi-k2.6.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["kimi-k2.6", "qwen3-8b", "deepseek-v3"])
+def test_the_trainer_memory_plan_counts_specforges_parameters(specforge: dict, name: str) -> None:
+    """The topology plan sizes trainer GPUs from a parameter count: it must be SpecForge's own model's."""
+    from ansible.module_utils.regen_training_topology import draft_parameters
+
+    golden = json.loads((FIXTURES / "golden" / f"{name}.json").read_text())
+    case = specforge["cases"][f"draft:{name}"]
+    assert case["ok"], case
+    assert draft_parameters(golden)["trainable"] == case["result"]["parameters"]
