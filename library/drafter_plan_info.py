@@ -506,6 +506,12 @@ def main():
             module.fail_json(msg=str(exc))
         module.warn(str(exc))
         run_config = {}
+    try:
+        sglang_args = sglang_dflash_args(
+            paths["export"], config["block_size"], nested(p["facts"], "plan_values", "serving")
+        )
+    except DrafterPlanError as exc:
+        module.fail_json(msg=str(exc))
     module.exit_json(
         changed=False,
         draft_config=config,
@@ -520,7 +526,7 @@ def main():
         run_id=run_id,
         paths=paths,
         run_config=run_config,
-        sglang_args=sglang_dflash_args(paths["export"], config["block_size"]),
+        sglang_args=sglang_args,
         training_topology=placement,
     )
 

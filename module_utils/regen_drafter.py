@@ -605,9 +605,21 @@ def specforge_chat_template(arch):
     return (row.specforge_chat_template if row else None) or DEFAULT_SPECFORGE_CHAT_TEMPLATE
 
 
-def sglang_dflash_args(draft_path, block_size):
-    """The flags that add the trained drafter to an SGLang launch of the target."""
-    return [
+def sglang_dflash_args(draft_path, block_size, serving=None):
+    """The flags that add the trained drafter to an SGLang launch of the target.
+
+    `serving` (the plan's serving values) lets the flags follow SGLang 0.5.23's DFLASH constraints
+    (`speculative_hook._handle_dflash`): no pipeline parallelism (a plan with pp > 1 is refused with what to
+    change), DP attention only with `--enable-dp-lm-head`; one draft step and top-k 1 SGLang sets itself.
+    """
+    serving = serving or {}
+    pp = _int(serving.get("pp_size")) or 1
+    if pp > 1:
+        raise DrafterPlanError(
+            f"SGLang serves DFLASH only with pp_size 1 and the serving plan uses pp {pp}: serve target + "
+            "drafter with tensor/expert parallelism (model_facts_plan_overrides.serving.pp_size: 1)"
+        )
+    args = [
         "--speculative-algorithm",
         "DFLASH",
         "--speculative-draft-model-path",
@@ -615,6 +627,10 @@ def sglang_dflash_args(draft_path, block_size):
         "--speculative-num-draft-tokens",
         str(int(block_size)),
     ]
+    if (_int(serving.get("attn_dp_size")) or 1) > 1:
+        # The drafter's greedy projection borrows the target's LM head, which DP attention shards.
+        args.append("--enable-dp-lm-head")
+    return args
 
 
 # --------------------------------------------------------------------------------------------------

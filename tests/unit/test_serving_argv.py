@@ -186,3 +186,32 @@ def test_attention_backend_choices_are_the_pinned_releases():
     specs = yaml.safe_load((ROOT / "roles" / "sglang_server" / "meta" / "argument_specs.yml").read_text())
     choices = specs["argument_specs"]["main"]["options"]["sglang_server_attention_backend"]["choices"]
     assert choices == ["", *regen_serving.ATTENTION_BACKENDS]
+
+
+def test_target_plus_drafter_lines_pass_sglangs_own_dflash_checks(sglang_parse):
+    """The evaluation/serving line of the target with the trained drafter: SGLang's parser and its DFLASH
+    validator (`_handle_dflash`) accept what regen writes, and reject what SGLang 0.5.23 cannot serve."""
+    from ansible.module_utils.regen_drafter import DrafterPlanError, sglang_dflash_args
+
+    _, spec = _plan("kimi-k2.6-ep8")
+    plan = regen_serving.plan_server(spec)
+    target = _args_after_module(plan["argv"])
+    with_drafter = target + sglang_dflash_args("/root/regen/drafter/export", 8, {"pp_size": 1})
+    attn_dp = ["--model-path", "/m", "--tp-size", "8", "--attn-dp-size", "8"]
+    results = sglang_parse([
+        ("dflash", with_drafter),
+        ("dflash", attn_dp + sglang_dflash_args("/d", 8, {"attn_dp_size": 8})),
+        # What the flags avoid: SGLang itself refuses these.
+        ("dflash", attn_dp + sglang_dflash_args("/d", 8)),
+        ("dflash", ["--model-path", "/m", "--pp-size", "2", *sglang_dflash_args("/d", 8)]),
+    ])
+    assert results[0]["ok"], results[0]["error"]
+    values = results[0]["values"]
+    assert values["speculative_algorithm"] == "DFLASH" and values["speculative_num_draft_tokens"] == 8
+    assert values["speculative_draft_model_path"] == "/root/regen/drafter/export"
+    assert (values["tp_size"], values["ep_size"]) == (8, 8)
+    assert results[1]["ok"], results[1]["error"]
+    assert "--enable-dp-lm-head" in results[2]["error"]
+    assert "pp_size == 1" in results[3]["error"]
+    with pytest.raises(DrafterPlanError, match="pp_size 1"):
+        sglang_dflash_args("/d", 8, {"pp_size": 2})
