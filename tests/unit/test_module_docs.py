@@ -160,6 +160,20 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         facts = tmp_path / "model_facts.json"
         facts.write_text(json.dumps({"plan": {"serving": {"tp_size": {"value": 1, "reason": "r"}}}}))
         return {"path": str(facts)}
+    if name == "sglang_capture_patch":
+        # A venv whose sglang is a one-file package, and a SpecForge-shaped tree with a patch for it.
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+        site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
+        (site / "sglang").mkdir()
+        (site / "sglang" / "__init__.py").write_text('__version__ = "0.5.23"\n')
+        (site / "sglang" / "a.py").write_text("x = 1\n")
+        patches = tmp_path / "specforge" / "patches" / "sglang" / "v0.5.23"
+        patches.mkdir(parents=True)
+        (patches / "spec-capture.patch").write_text(
+            "--- a/python/sglang/a.py\n+++ b/python/sglang/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+        )
+        python = tmp_path / "venv" / "bin" / "python"
+        return {"python": str(python), "specforge_source": str(tmp_path / "specforge")}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 
