@@ -353,6 +353,7 @@ def test_capture_writes_specforge_features_once(
     assert json.loads(capsys.readouterr().out) == {
         "bytes": (out / "data_00000002.ckpt").stat().st_size,
         "dropped": 1,
+        "forwards": 1,
         "samples": 3,
         "skipped": 2,
         "tokens": 18,
@@ -373,3 +374,38 @@ def test_capture_writes_specforge_features_once(
     # Features of other layers never mix with these.
     with pytest.raises(capture.CaptureError, match="other settings"):
         capture.check_manifest(out, {**json.loads((out / capture.MANIFEST).read_text()), "layers": [2]})
+
+
+def test_batches_group_samples_by_length_within_the_token_budget() -> None:
+    lengths = [5, 12, 3, 12, 7, 40]
+    # Longest first; a batch's width is its first (longest) sample: 40 alone (over budget with another),
+    # then 12+12 (24 <= 32, a third would make 36), then 7+5+3 (21), in input order among equals.
+    assert capture.plan_batches(lengths, 32) == [[5], [1, 3], [4, 0, 2]]
+    assert capture.plan_batches(lengths, 0) == [[5], [1], [3], [4], [0], [2]]
+    for budget in (1, 16, 64, 1000):
+        batches = capture.plan_batches(lengths, budget)
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))  # each sample once
+        assert all(len(b) == 1 or lengths[b[0]] * len(b) <= budget for b in batches)
+
+
+def test_batched_capture_gives_each_sample_its_own_features(
+    tmp_path: Path, tiny_target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    _tokenized(tmp_path / "tok")
+    base = ["--data", str(tmp_path / "tok"), "--model", str(tiny_target), "--layers", "1,3"]
+    base += ["--device", "cpu", "--dtype", "float32"]
+    assert capture.main([*base, "--output", str(tmp_path / "one")]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert capture.main([*base, "--output", str(tmp_path / "batched"), "--batch-tokens", "64"]) == 0
+    batched = json.loads(capsys.readouterr().out)
+    assert (one["forwards"], batched["forwards"]) == (3, 1) and one["written"] == batched["written"] == 3
+    for path in sorted((tmp_path / "one").glob("*.ckpt")):
+        alone = torch.load(path, weights_only=True)
+        together = torch.load(tmp_path / "batched" / path.name, weights_only=True)
+        assert together["input_ids"].tolist() == alone["input_ids"].tolist()
+        assert together["loss_mask"].tolist() == alone["loss_mask"].tolist()
+        # Right padding cannot reach earlier positions of a causal model: the same features.
+        torch.testing.assert_close(together["hidden_states"], alone["hidden_states"], rtol=1e-5, atol=1e-5)
+        assert together["hidden_states"].untyped_storage().nbytes() == together["hidden_states"].nbytes

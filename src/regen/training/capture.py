@@ -1,7 +1,8 @@
 """Offline capture of the target's hidden states in SpecForge's DFlash feature format.
 
     python -m regen.training.capture --data TOKENIZED --model MODEL --layers 1,15,30,44,58 --output DIR
-        [--backend hf|sglang] [--max-length N] [--max-samples N] [--dtype bfloat16] [--count-only]
+        [--backend hf|sglang] [--max-length N] [--max-samples N] [--dtype bfloat16] [--batch-tokens N]
+        [--count-only]
 
 Input: the tokenize stage's output, every `*.parquet` (columns `input_ids`, `loss_mask`) and every
 `*.jsonl` whose records carry `input_ids` and `loss_mask`, in sorted file order. Output: one file per
@@ -16,6 +17,12 @@ records the model, the layers, the dtype, the length limit and a digest of the s
 a re-run against different ones is refused instead of mixing features. Samples SpecForge would reject
 (fewer than two consecutive supervised tokens after truncation) are counted and skipped. Prints one JSON
 summary line; exit 2 means bad input.
+
+Batched: samples are grouped by length (longest first) into forwards of at most `--batch-tokens` padded
+tokens (0: one sample per forward). Rows are padded on the right, and a causal model's outputs at a position
+never depend on later positions, so each sample's features are its first `len` rows of the batch's output,
+the same as a forward of that sample alone (up to the kernels' floating-point order); the files stay one
+per sample and are written as each batch finishes.
 
 Backends: `hf` runs the target through transformers (`output_hidden_states`): the CPU path, and fine
 for a target that fits one GPU. `sglang` uses SpecForge's own SGLang capture
@@ -173,16 +180,19 @@ class HFBackend:
         self.layers = layers
         self.writer = True
 
-    def capture(self, ids: list[int]):
+    def capture(self, batch: list[list[int]]):
+        """Features of each sample of `batch` ([len_i, layers * hidden] each), in one forward."""
         torch = self.torch
+        input_ids, attention_mask = padded(torch, batch, self.device)
         with torch.no_grad():
             out = self.model(
-                input_ids=torch.tensor([ids], device=self.device), output_hidden_states=True, use_cache=False
+                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
             )
         states = out.hidden_states
         if max(self.layers) + 1 >= len(states):
             raise CaptureError(f"layer {max(self.layers)} is past the model's {len(states) - 1} layers")
-        return torch.cat([states[layer + 1][0] for layer in self.layers], dim=-1).to(self.dtype).cpu()
+        stacked = torch.cat([states[layer + 1] for layer in self.layers], dim=-1).to(self.dtype).cpu()
+        return [stacked[row, : len(ids)] for row, ids in enumerate(batch)]
 
 
 class SGLangBackend:
@@ -210,15 +220,50 @@ class SGLangBackend:
         self.dtype = getattr(torch, dtype)
         self.writer = int(os.environ.get("RANK", "0")) == 0
 
-    def capture(self, ids: list[int]):
+    def capture(self, batch: list[list[int]]):
         torch = self.torch
-        input_ids = torch.tensor([ids], dtype=torch.long, device="cuda")
-        batch = self.capturer.capture(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            loss_mask=torch.ones_like(input_ids),
+        input_ids, attention_mask = padded(torch, batch, "cuda")
+        # SpecForge makes one SGLang request per row (its pads included): causal, so a row's first len
+        # outputs are the sample's own.
+        result = self.capturer.capture(
+            input_ids=input_ids, attention_mask=attention_mask, loss_mask=attention_mask
         )
-        return batch.hidden_states[0].to(self.dtype).cpu()
+        stacked = result.hidden_states.to(self.dtype).cpu()
+        return [stacked[row, : len(ids)] for row, ids in enumerate(batch)]
+
+
+def padded(torch, batch: list[list[int]], device: str):
+    """Right-padded input_ids (pad id 0) and the attention mask of a batch of token lists."""
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.zeros((len(batch), width), dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, ids in enumerate(batch):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Positions of `lengths` grouped into forwards of at most `batch_tokens` padded tokens each.
+
+    Longest first (ties in input order), so each batch holds samples of similar length and pads little; a
+    sample longer than the budget goes alone. `batch_tokens` 0 means one sample per forward.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    if batch_tokens <= 0:
+        return [[i] for i in order]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # Sorted longest first: the batch's first sample sets its padded width.
+        width = lengths[current[0]] if current else lengths[i]
+        if current and width * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,19 +339,25 @@ def capture(args: argparse.Namespace) -> dict[str, Any]:
         server_kwargs = json.loads(args.sglang_args or "{}")
         backend = SGLangBackend(args.model, layers, args.dtype, not args.no_trust_remote_code, server_kwargs)
     started = time.monotonic()
-    for number, (index, ids, mask) in enumerate(todo, 1):
-        hidden = backend.capture(ids)
-        if backend.writer:
-            payload = {
-                "input_ids": torch.tensor(ids, dtype=torch.long),
-                "loss_mask": torch.tensor(mask, dtype=torch.long),
-                "hidden_states": hidden,
-            }
-            summary["bytes"] += save_atomic(sample_path(output, index), payload)
-            summary["written"] += 1
-        if args.progress and (number % args.progress == 0 or number == len(todo)):
-            rate = number / max(1e-9, time.monotonic() - started)
-            print(f"captured {number}/{len(todo)} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
+    number = 0
+    summary["forwards"] = 0
+    for positions in plan_batches([len(ids) for _, ids, _ in todo], args.batch_tokens):
+        batch = [todo[i] for i in positions]
+        features = backend.capture([ids for _, ids, _ in batch])
+        summary["forwards"] += 1
+        for (index, ids, mask), hidden in zip(batch, features, strict=True):
+            number += 1
+            if backend.writer:
+                payload = {
+                    "input_ids": torch.tensor(ids, dtype=torch.long),
+                    "loss_mask": torch.tensor(mask, dtype=torch.long),
+                    "hidden_states": hidden.clone(),  # its own storage, not a view of the whole batch
+                }
+                summary["bytes"] += save_atomic(sample_path(output, index), payload)
+                summary["written"] += 1
+            if args.progress and (number % args.progress == 0 or number == len(todo)):
+                rate = number / max(1e-9, time.monotonic() - started)
+                print(f"captured {number}/{len(todo)} ({rate:.1f} samples/s)", file=sys.stderr, flush=True)
     return summary
 
 
@@ -325,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--max-samples", type=int, default=None)
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=0,
+        help="padded tokens per forward, samples grouped by length (0: one sample per forward)",
+    )
     parser.add_argument("--sglang-args", default=None, help='JSON of SGLang ServerArgs, e.g. {"ep_size": 8}')
     parser.add_argument("--no-trust-remote-code", action="store_true")
     parser.add_argument("--progress", type=int, default=0, help="print progress every N samples (stderr)")
