@@ -139,7 +139,8 @@ def unknown_entries(plan):
             continue
         for key, entry in entries.items():
             if isinstance(entry, dict) and entry.get("unknown") is True:
-                found[f"{section}.{key}"] = {"reason": entry.get("reason"), "remedy": entry.get("remedy")}
+                reason = str(entry.get("reason") or "").removeprefix("unknown: ")
+                found[f"{section}.{key}"] = {"reason": reason, "remedy": entry.get("remedy")}
     return found
 
 
@@ -213,7 +214,8 @@ class _Planner:
         values = self.overrides.get(section)
         if isinstance(values, dict) and key in values:
             return self.pick(section, key, None, why["reason"])
-        return {"value": None, "reason": f"unknown: {why['reason']}", "unknown": True, "remedy": why["remedy"]}
+        reason = f"unknown: {why['reason']}"
+        return {"value": None, "reason": reason, "unknown": True, "remedy": why["remedy"]}
 
 
 def _kv_bytes_per_gpu(arch, tokens, tp):
@@ -553,8 +555,8 @@ def mask_outside_table(mask_id, vocab_size):
         return None
     if isinstance(mask_id, bool) or not isinstance(mask_id, int) or not 0 <= mask_id < vocab_size:
         return (
-            f"mask token id {mask_id!r} lies outside the embedding table [0, {vocab_size}) of config.json; pick "
-            "a reserved id below vocab_size (model_facts_plan_overrides.drafter.mask_token_id)"
+            f"mask token id {mask_id!r} lies outside the embedding table [0, {vocab_size}) of config.json; "
+            "pick a reserved id below vocab_size (model_facts_plan_overrides.drafter.mask_token_id)"
         )
     return None
 
@@ -636,8 +638,10 @@ def make_plan(architecture, tokenizer=None, gpu=None, overrides=None):
         # (a planning test, a what-if) still gets the unknown entries, each with its reason.
         why = tokenizer_unknown(tokenizer) or {}
         planner.warnings.append(
-            "tokenizer facts unknown ({}): {} unknown; the stages that need them (serve, generate, tokenize, "
-            "train) stop until then; {}".format(why.get("reason"), ", ".join(sorted(unknown)), why.get("remedy"))
+            "tokenizer facts unknown ({}): {} unknown; the stages that need them (serve, generate, "
+            "tokenize, train) stop until then; {}".format(
+                why.get("reason"), ", ".join(sorted(unknown)), why.get("remedy")
+            )
         )
     plan["warnings"] = planner.warnings
     return plan

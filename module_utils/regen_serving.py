@@ -129,7 +129,8 @@ def _refuse_unknown(settings, key, plan_section):
     entry = plan_section.get(key) if isinstance(plan_section, dict) else None
     if settings.table[key]["source"] == "plan" and isinstance(entry, dict) and entry.get("unknown") is True:
         raise ServingPlanError(
-            f"the plan's {key} is unknown ({entry.get('reason')}): {entry.get('remedy')}; or set "
+            f"the plan's {key} is unknown ({str(entry.get('reason')).removeprefix('unknown: ')}): "
+            f"{entry.get('remedy')}; or set "
             f"sglang_server_{key} in inventory (\"\" for none)"
         )
 

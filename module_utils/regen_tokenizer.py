@@ -94,8 +94,9 @@ def vocab_disagreement(total, config_vocab_size):
     gap = config_vocab_size - total
     if gap > allowance:
         return (
-            f"config.json's vocab_size {config_vocab_size} exceeds the tokenizer's {total} token ids by {gap}, "
-            f"more than padding explains (up to {allowance}); check that the tokenizer files belong to this model"
+            f"config.json's vocab_size {config_vocab_size} exceeds the tokenizer's {total} token ids by "
+            f"{gap}, more than padding explains (up to {allowance}); check that the tokenizer files belong "
+            "to this model"
         )
     return None
 
@@ -103,9 +104,9 @@ def vocab_disagreement(total, config_vocab_size):
 def unreadable_remedy(model_dir):
     """The one-line fix when no tokenizer facts can be read from `model_dir`."""
     return (
-        f"put the model's tokenizer files (tokenizer_config.json with tiktoken.model or tokenizer.json, and "
-        f"chat_template.jinja where the model has one) into {model_dir}, or fix the file named in the reason, "
-        "then re-run the introspect stage (ansible-playbook regen.yml --tags introspect)"
+        "put the model's tokenizer files (tokenizer_config.json with tiktoken.model or tokenizer.json, and "
+        f"chat_template.jinja where the model has one) into {model_dir}, or fix the file named in the "
+        "reason, then re-run the introspect stage (ansible-playbook regen.yml --tags introspect)"
     )
 
 

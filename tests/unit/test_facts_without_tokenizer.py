@@ -80,13 +80,17 @@ def test_without_tokenizer_facts_the_tokenizer_parts_are_unknown_not_none() -> N
     assert plan["drafter"]["target_layer_ids"]["value"] == [1, 15, 30, 44, 58]
 
 
-def test_unreadable_tokenizer_facts_carry_their_reason_and_remedy_into_the_plan(kimi_config_only: Path) -> None:
+def test_unreadable_tokenizer_facts_carry_their_reason_and_remedy_into_the_plan(
+    kimi_config_only: Path,
+) -> None:
     tokenizer = gather(str(kimi_config_only), unreadable="unknown")
     plan = make_plan(read_model_dir(str(kimi_config_only)), tokenizer, _blackwell())
     entry = plan["drafter"]["mask_token_id"]
     assert "holds no tokenizer files" in entry["reason"] and str(kimi_config_only) in entry["remedy"]
-    assert any(w.startswith("tokenizer facts unknown") and "generation.reasoning_parser" in w
-               for w in plan["warnings"])
+    assert any(
+        w.startswith("tokenizer facts unknown") and "generation.reasoning_parser" in w
+        for w in plan["warnings"]
+    )
     assert plan_values(plan)["generation"]["chat_template_kwargs"] is None
 
 
@@ -108,14 +112,19 @@ def test_an_inventory_override_fills_an_unknown_entry() -> None:
     assert plan["generation"]["reasoning_parser"]["value"] == "kimi_k2"
     assert plan["drafter"]["mask_token_id"]["value"] == 163838
     assert "set in inventory" in plan["drafter"]["mask_token_id"]["reason"]
-    assert set(unknown_entries(plan)) == TOKENIZER_PARTS - {"generation.reasoning_parser", "drafter.mask_token_id"}
+    assert set(unknown_entries(plan)) == TOKENIZER_PARTS - {
+        "generation.reasoning_parser",
+        "drafter.mask_token_id",
+    }
 
 
 def test_a_planned_mask_id_outside_the_embedding_table_is_a_warning() -> None:
     arch = read_model_dir(str(CONFIGS / "kimi-k2.5"))
     plan = make_plan(arch, None, None, {"drafter": {"mask_token_id": arch["vocab_size"]}})
-    assert any("drafter.mask_token_id" in w and "outside the embedding table [0, 163840)" in w
-               for w in plan["warnings"])
+    assert any(
+        "drafter.mask_token_id" in w and "outside the embedding table [0, 163840)" in w
+        for w in plan["warnings"]
+    )
     assert "warning:" in plan["drafter"]["mask_token_id"]["reason"]
     inside = make_plan(arch, None, None, {"drafter": {"mask_token_id": 163838}})
     assert not any("outside the embedding table" in w for w in inside["warnings"])
@@ -137,11 +146,18 @@ def _kimi_facts_without_tokenizer() -> dict:
 
 
 def test_serving_refuses_an_unknown_reasoning_parser_and_names_the_fix() -> None:
-    spec = {"backend": "sglang", "model_path": "/models/Kimi-K2.6", "python": "/venv/bin/python",
-            "facts": _kimi_facts_without_tokenizer(), "gpu_count": 8}
+    spec = {
+        "backend": "sglang",
+        "model_path": "/models/Kimi-K2.6",
+        "python": "/venv/bin/python",
+        "facts": _kimi_facts_without_tokenizer(),
+        "gpu_count": 8,
+    }
     with pytest.raises(regen_serving.ServingPlanError) as err:
         regen_serving.plan_server(spec)
-    assert "reasoning_parser is unknown" in str(err.value) and "sglang_server_reasoning_parser" in str(err.value)
+    assert "reasoning_parser is unknown" in str(err.value) and "sglang_server_reasoning_parser" in str(
+        err.value
+    )
     spec["overrides"] = {"reasoning_parser": "kimi_k2"}
     argv = regen_serving.plan_server(spec)["argv"]
     assert argv[argv.index("--reasoning-parser") + 1] == "kimi_k2"
@@ -164,7 +180,9 @@ def test_the_summary_shows_unknown_parts_and_the_vocabulary_and_mask_warnings(
 ) -> None:
     arch = read_model_dir(str(kimi_config_only))
     tokenizer = gather(str(kimi_config_only), unreadable="unknown")
-    tokenizer["vocab"]["disagreement"] = "the tokenizer has 163842 token ids but config.json's vocab_size is 163840"
+    tokenizer["vocab"]["disagreement"] = (
+        "the tokenizer has 163842 token ids but config.json's vocab_size is 163840"
+    )
     plan = make_plan(arch, tokenizer, _blackwell(), {"drafter": {"mask_token_id": 200000}})
     facts = {"architecture": arch, "tokenizer": tokenizer, "plan": plan, "plan_values": plan_values(plan)}
     (tmp_path / "model_facts.json").write_text(json.dumps(facts))
@@ -181,9 +199,22 @@ def test_the_summary_shows_unknown_parts_and_the_vocabulary_and_mask_warnings(
 # --- regen facts --model-path ----------------------------------------------------------------------------
 
 
-def test_regen_facts_model_path_on_a_config_only_kimi(kimi_config_only: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["facts", "--model-path", str(kimi_config_only), "--gpus", "8", "--gpu-memory-gib", "96",
-            "--compute-capability", "12.0", "--project", str(ROOT)]
+def test_regen_facts_model_path_on_a_config_only_kimi(
+    kimi_config_only: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "facts",
+        "--model-path",
+        str(kimi_config_only),
+        "--gpus",
+        "8",
+        "--gpu-memory-gib",
+        "96",
+        "--compute-capability",
+        "12.0",
+        "--project",
+        str(ROOT),
+    ]
     assert main([*argv, "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     plan = facts["plan"]
@@ -211,7 +242,9 @@ def test_regen_facts_model_path_without_gpus_plans_for_the_cpu(
 ) -> None:
     assert main(["facts", "--model-path", str(kimi_config_only), "--json", "--project", str(ROOT)]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert plan["serving"]["device"]["value"] == "cpu" and plan["serving"]["attention_backend"]["value"] is None
+    assert (
+        plan["serving"]["device"]["value"] == "cpu" and plan["serving"]["attention_backend"]["value"] is None
+    )
 
 
 @pytest.mark.parametrize(

@@ -104,11 +104,17 @@ def cmd_facts(args: argparse.Namespace, console: Console) -> int:
     project = find_project(args.project)
     if args.model_path is not None:
         return _facts_of_model_dir(args, project.root, console)
-    given = [flag for flag, value in (("--gpus", args.gpus), ("--gpu-memory-gib", args.gpu_memory_gib),
-                                      ("--compute-capability", args.compute_capability)) if value is not None]
+    gpu_flags = (
+        ("--gpus", args.gpus),
+        ("--gpu-memory-gib", args.gpu_memory_gib),
+        ("--compute-capability", args.compute_capability),
+    )
+    given = [flag for flag, value in gpu_flags if value is not None]
     if given or args.tokenizer_mode != "raw_files":
-        raise BadInput(f"{', '.join(given) or '--tokenizer-mode'} only apply with --model-path DIR (without it, "
-                       "regen facts introspects the inventory's hosts, whose GPUs and tokenizer it reads itself)")
+        raise BadInput(
+            f"{', '.join(given) or '--tokenizer-mode'} only apply with --model-path DIR (without it, regen "
+            "facts introspects the inventory's hosts, whose GPUs and tokenizer it reads itself)"
+        )
     if not any(s.matches("introspect") for s in discover_stages(project.root)):
         names = ", ".join(s.name for s in discover_stages(project.root)) or "none"
         raise BadInput(f"this checkout has no introspect stage yet (regen.yml has: {names})")
@@ -158,8 +164,13 @@ def _facts_of_model_dir(args: argparse.Namespace, project_root: Path, console: C
     """`regen facts --model-path DIR`: the module_utils functions called here, nothing run anywhere."""
     from regen.cli.local_facts import LocalFactsError, local_facts
 
-    inventory_flags = [flag for flag, value in (("-i", args.inventory), ("-e", args.extra_vars),
-                                                ("-l", args.limit), ("--secret-env", args.secret_env)) if value]
+    flags = (
+        ("-i", args.inventory),
+        ("-e", args.extra_vars),
+        ("-l", args.limit),
+        ("--secret-env", args.secret_env),
+    )
+    inventory_flags = [flag for flag, value in flags if value]
     if inventory_flags:
         raise BadInput(f"--model-path reads the directory on this machine: {', '.join(inventory_flags)} "
                        "would be ignored; drop them, or drop --model-path to introspect the inventory")

@@ -34,7 +34,9 @@ def _module_utils(project_root: Path) -> dict[str, ModuleType]:
     own imports name each other that way, so they must come from that package and nowhere else)."""
     directory = project_root / "module_utils"
     if not (directory / "regen_plan.py").is_file():
-        raise LocalFactsError(f"{directory} has no regen_plan.py: run regen from a regen checkout (--project DIR)")
+        raise LocalFactsError(
+            f"{directory} has no regen_plan.py: run regen from a regen checkout (--project DIR)"
+        )
     try:
         import ansible.module_utils
     except ImportError as exc:
@@ -95,7 +97,7 @@ def local_facts(
     return {
         "schema_version": 1,
         "host": None,
-        "source": "regen facts --model-path: read from the files on this machine (no inventory, no GPU query)",
+        "source": "regen facts --model-path: read from the files here (no inventory, no GPU query)",
         "model_path": path,
         "architecture": architecture,
         "tokenizer": tokenizer,

@@ -491,7 +491,8 @@ def plan_headline(facts: Mapping[str, Any]) -> Group:
     lines.append(Text(f"  attention backend: {value('serving', 'attention_backend')} ({_short(why, 300)})"))
     length, where, reason = planned_context_length(plan)
     if where:
-        lines.append(Text(f"  context length: {json.dumps(length)} ({where}{': ' + reason if reason else ''})"))
+        why = f": {reason}" if reason else ""
+        lines.append(Text(f"  context length: {json.dumps(length)} ({where}{why})"))
     else:
         maximum = (facts.get("architecture") or {}).get("max_position_embeddings")
         lines.append(Text(
@@ -499,8 +500,8 @@ def plan_headline(facts: Mapping[str, Any]) -> Group:
             f"own maximum, {maximum}"
         ))
     lines.append(Text(
-        f"  drafter: target layers {value('drafter', 'target_layer_ids')} · block {value('drafter', 'block_size')}"
-        f" · mask id {value('drafter', 'mask_token_id')}"
+        f"  drafter: target layers {value('drafter', 'target_layer_ids')} · block "
+        f"{value('drafter', 'block_size')} · mask id {value('drafter', 'mask_token_id')}"
     ))
     unknown = {
         f"{section}.{key}": entry
@@ -510,10 +511,13 @@ def plan_headline(facts: Mapping[str, Any]) -> Group:
     if unknown:
         first = next(iter(unknown.values()))
         lines.append(Text(f"  unknown without the tokenizer: {', '.join(sorted(unknown))}", style="yellow"))
-        lines.append(Text(f"    why: {str(first.get('reason') or '').removeprefix('unknown: ')}", style="yellow"))
+        why_unknown = str(first.get("reason") or "").removeprefix("unknown: ")
+        lines.append(Text(f"    why: {why_unknown}", style="yellow"))
         lines.append(Text(f"    fix: {first.get('remedy')}", style="yellow"))
     vocab = ((facts.get("tokenizer") or {}).get("vocab") or {}).get("disagreement")
-    warnings = [w for w in plan.get("warnings") or [] if not (unknown and str(w).startswith("tokenizer facts unknown"))]
+    # The unknown parts are listed above: their plan warning would say it twice.
+    said_above = "tokenizer facts unknown" if unknown else None
+    warnings = [w for w in plan.get("warnings") or [] if not (said_above and str(w).startswith(said_above))]
     for warning in ([f"vocabulary: {vocab}"] if vocab else []) + warnings:
         lines.append(Text(f"  warning: {warning}", style="yellow"))
     return Group(*lines)

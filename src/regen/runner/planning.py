@@ -76,7 +76,8 @@ class PlanReport:
 
 
 def same_inventory(recorded: Sequence[str], inventory: Path) -> bool:
-    """Whether a run recorded with inventories `recorded` (runner's `-i` arguments) ran on `inventory` alone."""
+    """Whether a run recorded with inventories `recorded` (runner's `-i` arguments) ran on `inventory`
+    alone."""
     try:
         return bool(recorded) and {Path(p).expanduser().resolve() for p in recorded} == {inventory.resolve()}
     except (OSError, RuntimeError):
@@ -223,7 +224,8 @@ def _offline_facts(
 ) -> None:
     """The facts of this inventory without a check run: the newest facts file in its artifacts directories
     when it describes this inventory, else the newest facts a recorded run of this inventory produced.
-    Both inventories of a checkout write `<checkout>/artifacts` by default, so the file alone proves nothing."""
+    Both inventories of a checkout write `<checkout>/artifacts` by default, so the file alone proves
+    nothing."""
     artifact_dirs, _ = _art.data_roots(hostvars)
     found = _art.collect_artifacts(artifact_dirs).facts
     foreign = None
@@ -242,7 +244,7 @@ def _offline_facts(
     if foreign is not None:
         path, facts = foreign
         report.warnings.append(
-            f"{path} describes {facts.get('host') or 'another run'} ({facts.get('model_path') or 'model ?'}), "
-            f"not a run of {inventory}: it is not used; run `regen facts -i {inventory}` to introspect this "
-            "inventory"
+            f"{path} describes {facts.get('host') or 'another run'} "
+            f"({facts.get('model_path') or 'model ?'}), not a run of {inventory}: it is not used; run "
+            f"`regen facts -i {inventory}` to introspect this inventory"
         )
