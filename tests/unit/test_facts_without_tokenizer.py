@@ -22,7 +22,7 @@ SERVING = ROOT / "tests" / "fixtures" / "serving"
 from ansible.module_utils import regen_drafter, regen_serving
 from ansible.module_utils.regen_config import read_model_dir
 from ansible.module_utils.regen_gpu import described
-from ansible.module_utils.regen_plan import make_plan, plan_values, unknown_entries
+from ansible.module_utils.regen_plan import dflash_target_layer_ids, make_plan, plan_values, unknown_entries
 from ansible.module_utils.regen_tokenizer import gather
 
 from regen import summary
@@ -77,7 +77,8 @@ def test_without_tokenizer_facts_the_tokenizer_parts_are_unknown_not_none() -> N
     assert plan["generation"]["tool_call_parser"]["value"] == "kimi_k2"
     assert plan["serving"]["tp_size"]["value"] == 8 and plan["serving"]["fits"]["value"] is True
     assert plan["serving"]["attention_backend"]["value"] == "flashinfer"
-    assert plan["drafter"]["target_layer_ids"]["value"] == [1, 15, 30, 44, 58]
+    depth = plan["drafter"]["num_draft_layers"]["value"]
+    assert plan["drafter"]["target_layer_ids"]["value"] == dflash_target_layer_ids(61, depth)
 
 
 def test_unreadable_tokenizer_facts_carry_their_reason_and_remedy_into_the_plan(
