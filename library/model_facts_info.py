@@ -11,7 +11,8 @@ description:
   - Returns the first non-empty document of O(documents) (facts the introspect stage set in this run),
     else the JSON document at O(path) (the C(model_facts.json) it wrote on the controller), else C({}).
   - Also returns the plan with every C({value, reason}) entry replaced by its value, so tasks and
-    templates read C(plan_values.generation.chat_template_kwargs) instead of unwrapping entries in Jinja.
+    templates read C(plan_values.generation.chat_template_kwargs) instead of unwrapping entries in Jinja,
+    and the entries that are unknown (C(plan_unknown)), whose null value is not a decision.
   - Thin wrapper over C(module_utils/regen_plan.py) (C(plan_values)). Reads only; the role
     the role C(regen) runs it on the controller once per stage play.
 version_added: "0.1.0"
@@ -59,6 +60,17 @@ plan_values:
     serving: {tp_size: 8}
     generation: {chat_template_kwargs: {thinking: true}}
     drafter: {}
+plan_unknown:
+  description: >-
+    The plan entries that are unknown (introspection could not read the tokenizer), by C(section.key), each
+    with its C(reason) and C(remedy); C({}) when every entry is known. A stage that needs one of them fails
+    with that reason unless its own variable sets the value.
+  returned: always
+  type: dict
+  sample:
+    drafter.mask_token_id:
+      reason: "unknown: /models/Kimi-K2.6 holds no tokenizer files"
+      remedy: put the model's tokenizer files into /models/Kimi-K2.6, then re-run the introspect stage
 source:
   description: Where the facts came from, C(memory), the file's path, or C(none).
   returned: always
@@ -69,7 +81,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_plan import PLAN_KEYS, plan_values
+from ansible.module_utils.regen_plan import PLAN_KEYS, plan_values, unknown_entries
 
 
 def _read(module, path):
@@ -105,7 +117,10 @@ def main():
     for section in PLAN_KEYS:  # every section a mapping, so a template can test a key without guards
         if not isinstance(values.get(section), dict):
             values[section] = {}
-    module.exit_json(changed=False, facts=facts, plan_values=values, source=source)
+    module.exit_json(
+        changed=False, facts=facts, plan_values=values, plan_unknown=unknown_entries(facts.get("plan")),
+        source=source,
+    )
 
 
 if __name__ == "__main__":

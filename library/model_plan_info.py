@@ -20,7 +20,8 @@ options:
     description: The C(architecture) document of model_config_info; omit it to only check O(overrides).
     type: dict
   tokenizer:
-    description: The C(tokenizer) document of tokenizer_info (without it, its values are unknown).
+    description: The C(tokenizer) document of tokenizer_info (without it, or with C(available=false), the
+      entries that depend on the tokenizer are unknown, each with the reason and the remedy).
     type: dict
   gpu:
     description: The C(gpu) document of gpu_info.
@@ -62,10 +63,18 @@ plan_values:
     - Null without O(architecture).
   returned: always
   type: dict
+plan_unknown:
+  description:
+    - The entries that are unknown (C(unknown_entries) in C(module_utils/regen_plan.py)), by C(section.key),
+      each with C(reason) and C(remedy); without tokenizer facts these are the thinking switch, the
+      chat-template kwargs, the stop tokens, the reasoning parser (where the family has one) and the mask
+      token. C({}) when all are known or without O(architecture).
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_plan import make_plan, override_errors, plan_values
+from ansible.module_utils.regen_plan import make_plan, override_errors, plan_values, unknown_entries
 
 
 def main():
@@ -85,7 +94,10 @@ def main():
     plan = None
     if p["architecture"] is not None:
         plan = make_plan(p["architecture"], p["tokenizer"], p["gpu"], p["overrides"])
-    module.exit_json(changed=False, plan=plan, plan_values=plan_values(plan) if plan is not None else None)
+    module.exit_json(
+        changed=False, plan=plan, plan_values=plan_values(plan) if plan is not None else None,
+        plan_unknown=unknown_entries(plan),
+    )
 
 
 if __name__ == "__main__":

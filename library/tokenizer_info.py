@@ -13,6 +13,10 @@ description:
     C(load.remedy) naming the venv and the package, then reads the raw files (C(tokenizer_config.json),
     C(special_tokens_map.json), C(added_tokens_decoder), C(chat_template.jinja), C(tiktoken.model) or
     C(tokenizer.json)) so the facts are still produced.
+  - When no tokenizer files can be read at all (a config-only model directory, a corrupt file), returns
+    C(available=false) with C(unavailable.reason) and C(unavailable.remedy) and every value unknown (null),
+    unless O(require_files) (or O(mode=library)) makes that a failure.
+  - Warns when the tokenizer's id count disagrees with the config's C(vocab_size) beyond padding.
   - Returns special tokens with ids, a DFlash mask-token candidate with its reason, the chat template's
     source, sha256 and thinking switch, and a rendered two-turn sample when the library loaded.
   - When the library loads, the raw files are read too and every value both paths can see is compared
@@ -40,6 +44,11 @@ options:
     description: Inventory variable named in C(load.remedy) as the place to add missing packages.
     type: str
     default: regen_serving_packages
+  require_files:
+    description: Fail when the tokenizer files are missing or unreadable, instead of returning
+      C(available=false) with the reason and the remedy.
+    type: bool
+    default: false
   sample_messages:
     description: Conversation rendered through the chat template when the library loads.
     type: list
@@ -73,8 +82,14 @@ tokenizer:
   type: dict
   contains:
     loaded_with:
-      description: C(library) or C(raw_files).
+      description: C(library) or C(raw_files); null when no tokenizer files could be read.
       type: str
+    available:
+      description: False when no tokenizer facts could be read; every other value is then unknown (null).
+      type: bool
+    unavailable:
+      description: C(reason) and C(remedy) when C(available) is false.
+      type: dict
     load:
       description: C(ok), C(error_type), C(error), C(missing_modules), C(remedy), C(python) and C(venv).
       type: dict
@@ -87,8 +102,8 @@ tokenizer:
       description: Class the library instantiated, or the one the files declare.
       type: str
     vocab:
-      description: C(base) (BPE ranks or model vocab), C(added), C(total) and the config's
-        C(config_vocab_size).
+      description: C(base) (BPE ranks or model vocab), C(added), C(total), the config's
+        C(config_vocab_size), and C(disagreement) (why they disagree beyond padding, else null).
       type: dict
     named:
       description: bos/eos/pad/unk/mask tokens with C(content) and C(id).
@@ -141,6 +156,7 @@ def main():
             "trust_remote_code": {"type": "bool", "default": True},
             "remedy_variable": {"type": "str", "default": "regen_serving_packages"},
             "sample_messages": {"type": "list", "elements": "dict"},
+            "require_files": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -152,6 +168,7 @@ def main():
             params["trust_remote_code"],
             params["remedy_variable"],
             params["sample_messages"],
+            unreadable="raise" if params["require_files"] else "unknown",
         )
     except TokenizerError as exc:
         module.fail_json(msg=str(exc), path=params["path"])

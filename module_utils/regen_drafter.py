@@ -247,6 +247,14 @@ def draft_config(
         )
     )
     if mask is None:
+        planned = nested(facts, "plan", "drafter", "mask_token_id")
+        if isinstance(planned, dict) and planned.get("unknown") is True:
+            # Introspection could not read the tokenizer: say that, not "the tokenizer has no candidate".
+            why = str(planned.get("reason")).removeprefix("unknown: ")
+            raise DrafterPlanError(
+                f"the plan's mask_token_id is unknown ({why}): {planned.get('remedy')}; or set "
+                f"drafter_training_mask_token_id to a reserved id below the vocabulary size {vocab}"
+            )
         raise DrafterPlanError(
             "no mask token id: the facts' tokenizer has no mask-token candidate; set "
             f"drafter_training_mask_token_id to a reserved id below the vocabulary size {vocab}"

@@ -299,3 +299,28 @@ def p2p_measurement(doc, fingerprint):
         "busbw_gbps": {mode: (modes.get(mode) or {}).get("busbw_gbps") for mode in ("p2p_on", "p2p_off")},
         "world_size": doc.get("world_size"),
     }
+
+
+def described(count, memory_per_gpu_bytes=None, compute_capability=None, source="described"):
+    """Pure: the GPU facts of `count` identical GPUs that nobody queried (`regen facts --model-path --gpus N
+    --gpu-memory-gib G --compute-capability X.Y` plans for hardware it is not running on). The document has
+    gather's shape; what is not described (names, driver, interconnect) is null, and `reason` says so."""
+    if count <= 0:
+        return summarize([], reason=f"{source}: no GPU")
+    mib = memory_per_gpu_bytes // MIB if memory_per_gpu_bytes else None
+    record = {
+        "index": None,
+        "name": None,
+        "uuid": None,
+        "pci_bus_id": None,
+        "memory_total_mib": mib,
+        "memory_total_bytes": memory_per_gpu_bytes,
+        "driver_version": None,
+        "compute_capability": compute_capability,
+        "compute_capability_source": source if compute_capability else None,
+        "architecture": architecture(compute_capability),
+    }
+    gpus = [dict(record, index=i) for i in range(count)]
+    facts = summarize(gpus, reason=f"{source}: not queried with nvidia-smi (no names, driver or topology)")
+    facts["interconnect"] = None  # unknown, not "single": nothing was measured
+    return facts

@@ -112,6 +112,38 @@ def _positive_int(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def tokenizer_unknown(tokenizer):
+    """None when tokenizer facts are at hand, else {reason, remedy}: why the entries that depend on the
+    tokenizer (thinking switch, stop ids, reasoning parser, mask token) are unknown and how to fix it."""
+    if not isinstance(tokenizer, dict):  # None: not given ({} is a tokenizer with none of the features)
+        return {
+            "reason": "no tokenizer facts were given",
+            "remedy": "run the introspect stage on a model directory that holds the tokenizer files",
+        }
+    if tokenizer.get("available") is False:
+        missing = tokenizer.get("unavailable") or {}
+        return {
+            "reason": missing.get("reason") or "the tokenizer files could not be read",
+            "remedy": missing.get("remedy") or "put the tokenizer files into the model directory and re-run "
+            "the introspect stage",
+        }
+    return None
+
+
+def unknown_entries(plan):
+    """{"section.key": {reason, remedy}} for every plan entry that is unknown (not a decision: a stage that
+    needs it must stop and say why, instead of reading its null as "none")."""
+    found = {}
+    for section, entries in (plan or {}).items():
+        if not isinstance(entries, dict):
+            continue
+        for key, entry in entries.items():
+            if isinstance(entry, dict) and entry.get("unknown") is True:
+                reason = str(entry.get("reason") or "").removeprefix("unknown: ")
+                found[f"{section}.{key}"] = {"reason": reason, "remedy": entry.get("remedy")}
+    return found
+
+
 def dflash_target_layer_ids(num_target_layers, num_draft_layers):
     """Target layers whose hidden states feed a DFlash drafter, exactly as SpecForge chooses them.
 
@@ -175,6 +207,15 @@ class _Planner:
                 "derived": value,
             }
         return {"value": value, "reason": reason}
+
+    def unknown(self, section, key, why):
+        """An entry nobody can derive from these facts: null, marked unknown, with reason and remedy (an
+        inventory override still wins, since the user then knows the value)."""
+        values = self.overrides.get(section)
+        if isinstance(values, dict) and key in values:
+            return self.pick(section, key, None, why["reason"])
+        reason = f"unknown: {why['reason']}"
+        return {"value": None, "reason": reason, "unknown": True, "remedy": why["remedy"]}
 
 
 def _kv_bytes_per_gpu(arch, tokens, tp):
@@ -420,6 +461,9 @@ def _plan_attention_backend(arch, gpu, device, planner):
 
 
 def plan_generation(arch, tokenizer, planner):
+    unknown = tokenizer_unknown(tokenizer)
+    if unknown:
+        return _plan_generation_without_tokenizer(arch, unknown, planner)
     tokenizer = tokenizer or {}
     template = tokenizer.get("chat_template") or {}
     switch = template.get("thinking_switch")
@@ -514,7 +558,45 @@ def drafter_depth_and_block(arch):
     return (depth, depth_reason), (block, block_reason)
 
 
+def _plan_generation_without_tokenizer(arch, unknown, planner):
+    """The generation section without tokenizer facts: what the chat template and the tokenizer's special
+    tokens decide is unknown; what the model family alone decides (parsers) is planned as usual."""
+    section = {key: planner.unknown("generation", key, unknown)
+               for key in ("thinking_switch", "chat_template_kwargs", "stop_token_ids", "stop")}
+    row = family_of(arch)
+    family = row.model_type if row else arch.get("model_type")
+    reasoning, tool = (row.reasoning_parser, row.tool_call_parser) if row else (None, None)
+    if reasoning and not row.always_reasons:
+        # The family has a parser, but whether this checkpoint thinks depends on its tokenizer and template.
+        section["reasoning_parser"] = planner.unknown("generation", "reasoning_parser", unknown)
+    else:
+        section["reasoning_parser"] = planner.pick(
+            "generation", "reasoning_parser", reasoning,
+            f"SGLang's reasoning parser for the {family} family (it always reasons)" if reasoning
+            else f"no SGLang reasoning parser for model type {family}",
+        )
+    section["tool_call_parser"] = planner.pick(
+        "generation", "tool_call_parser", tool,
+        f"SGLang's tool-call parser for the {family} family" if tool
+        else f"no SGLang tool-call parser known for model type {family}",
+    )
+    return section
+
+
+def mask_outside_table(mask_id, vocab_size):
+    """Pure: why a planned DFlash mask id cannot work in an embedding table of `vocab_size` rows, or None."""
+    if mask_id is None or not _positive_int(vocab_size):
+        return None
+    if isinstance(mask_id, bool) or not isinstance(mask_id, int) or not 0 <= mask_id < vocab_size:
+        return (
+            f"mask token id {mask_id!r} lies outside the embedding table [0, {vocab_size}) of config.json; "
+            "pick a reserved id below vocab_size (model_facts_plan_overrides.drafter.mask_token_id)"
+        )
+    return None
+
+
 def plan_drafter(arch, tokenizer, planner):
+    unknown = tokenizer_unknown(tokenizer)
     tokenizer = tokenizer or {}
     layers = arch.get("num_layers")
     section = {
@@ -536,21 +618,29 @@ def plan_drafter(arch, tokenizer, planner):
     section["target_layer_ids"] = planner.pick("drafter", "target_layer_ids", ids, ids_reason)
     section["block_size"] = planner.pick("drafter", "block_size", default_block, block_reason)
     mask = tokenizer.get("mask_token") or {}
-    mask_reason = mask.get("reason") or "tokenizer facts unavailable"
-    row = family_of(arch)
-    recipe = row.drafter_recipe if row is not None else None
-    if recipe is not None and mask.get("id") is not None and mask["id"] != recipe.mask_token_id:
-        # Either works for a drafter trained here; a published drafter's checkpoint needs its own id.
-        mask_reason += f" (the published drafter uses id {recipe.mask_token_id})"
-    section["mask_token_id"] = planner.pick("drafter", "mask_token_id", mask.get("id"), mask_reason)
-    section["mask_token"] = planner.pick(
-        "drafter",
-        "mask_token",
-        mask.get("token"),
-        "needs a new token and resized embeddings"
-        if mask.get("needs_new_token")
-        else "an existing token id; no resize needed",
-    )
+    if unknown:
+        section["mask_token_id"] = planner.unknown("drafter", "mask_token_id", unknown)
+        section["mask_token"] = planner.unknown("drafter", "mask_token", unknown)
+    else:
+        mask_reason = mask.get("reason") or "tokenizer facts unavailable"
+        row = family_of(arch)
+        recipe = row.drafter_recipe if row is not None else None
+        if recipe is not None and mask.get("id") is not None and mask["id"] != recipe.mask_token_id:
+            # Either works for a drafter trained here; a published drafter's checkpoint needs its own id.
+            mask_reason += f" (the published drafter uses id {recipe.mask_token_id})"
+        section["mask_token_id"] = planner.pick("drafter", "mask_token_id", mask.get("id"), mask_reason)
+        section["mask_token"] = planner.pick(
+            "drafter",
+            "mask_token",
+            mask.get("token"),
+            "needs a new token and resized embeddings"
+            if mask.get("needs_new_token")
+            else "an existing token id; no resize needed",
+        )
+    mask_problem = mask_outside_table(section["mask_token_id"]["value"], arch.get("vocab_size"))
+    if mask_problem:
+        section["mask_token_id"]["reason"] += f"; warning: {mask_problem}"
+        planner.warnings.append(f"drafter.mask_token_id: {mask_problem}")
     section["hidden_size"] = planner.pick(
         "drafter", "hidden_size", arch.get("hidden_size"), "the drafter reads the target's hidden states"
     )
@@ -572,5 +662,16 @@ def make_plan(architecture, tokenizer=None, gpu=None, overrides=None):
         "generation": plan_generation(architecture, tokenizer, planner),
         "drafter": plan_drafter(architecture, tokenizer, planner),
     }
+    unknown = unknown_entries(plan)
+    if unknown and isinstance(tokenizer, dict) and tokenizer.get("available") is False:
+        # Only tokenizer facts that say they could not be read are a warning; a caller that passes none
+        # (a planning test, a what-if) still gets the unknown entries, each with its reason.
+        why = tokenizer_unknown(tokenizer) or {}
+        planner.warnings.append(
+            "tokenizer facts unknown ({}): {} unknown; the stages that need them (serve, generate, "
+            "tokenize, train) stop until then; {}".format(
+                why.get("reason"), ", ".join(sorted(unknown)), why.get("remedy")
+            )
+        )
     plan["warnings"] = planner.warnings
     return plan

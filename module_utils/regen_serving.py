@@ -123,6 +123,18 @@ class _Settings:
         return value
 
 
+def _refuse_unknown(settings, key, plan_section):
+    """A plan entry marked unknown (the tokenizer did not load at introspection) is no decision: serving
+    with its null would silently drop the flag, so stop and say why, unless the inventory sets it."""
+    entry = plan_section.get(key) if isinstance(plan_section, dict) else None
+    if settings.table[key]["source"] == "plan" and isinstance(entry, dict) and entry.get("unknown") is True:
+        raise ServingPlanError(
+            f"the plan's {key} is unknown ({str(entry.get('reason')).removeprefix('unknown: ')}): "
+            f"{entry.get('remedy')}; or set "
+            f"sglang_server_{key} in inventory (\"\" for none)"
+        )
+
+
 def _int_setting(settings, key, minimum=1):
     value = settings.table[key]["value"]
     if isinstance(value, str) and value.strip().isdigit():
@@ -382,6 +394,7 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         settings.pick(key, settings.generation, fallback=fallback, keep_null=True,
                       fallback_reason=f"SGLang's parser for model_type {family}" if fallback
                       else f"no SGLang parser known for model_type {family}")
+        _refuse_unknown(settings, key, settings.generation)
     settings.pick("context_length", settings.serving, fallback=None,
                   fallback_reason="the model's own maximum")
     settings.pick("mem_fraction_static", settings.serving, fallback=None,

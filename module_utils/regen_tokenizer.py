@@ -70,6 +70,90 @@ class TokenizerError(Exception):
     """Stops fact gathering; the message names the file and the fix."""
 
 
+# A config's vocab_size is often padded past the tokenizer's last id (to a multiple of 64/128/256 for the
+# kernels, or with spare rows: DeepSeek-V3 leaves 465, Qwen3 267). A gap beyond this many ids (or 1% of the
+# table, whichever is larger) is not padding: the tokenizer files most likely belong to another model.
+VOCAB_PADDING_ALLOWANCE = 1024
+
+
+def vocab_disagreement(total, config_vocab_size):
+    """Pure: why the tokenizer's id count and config.json's vocab_size disagree beyond padding, or None.
+
+    More tokenizer ids than embedding rows is always wrong (those ids have no embedding); fewer is padding
+    up to VOCAB_PADDING_ALLOWANCE ids or 1% of the table.
+    """
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (total, config_vocab_size)):
+        return None
+    if total > config_vocab_size:
+        return (
+            f"the tokenizer has {total} token ids but config.json's vocab_size is {config_vocab_size}: ids "
+            f"{config_vocab_size}..{total - 1} have no row in the embedding table; check that the tokenizer "
+            "files belong to this model"
+        )
+    allowance = max(VOCAB_PADDING_ALLOWANCE, config_vocab_size // 100)
+    gap = config_vocab_size - total
+    if gap > allowance:
+        return (
+            f"config.json's vocab_size {config_vocab_size} exceeds the tokenizer's {total} token ids by "
+            f"{gap}, more than padding explains (up to {allowance}); check that the tokenizer files belong "
+            "to this model"
+        )
+    return None
+
+
+def unreadable_remedy(model_dir):
+    """The one-line fix when no tokenizer facts can be read from `model_dir`."""
+    return (
+        "put the model's tokenizer files (tokenizer_config.json with tiktoken.model or tokenizer.json, and "
+        f"chat_template.jinja where the model has one) into {model_dir}, or fix the file named in the "
+        "reason, then re-run the introspect stage (ansible-playbook regen.yml --tags introspect)"
+    )
+
+
+def unknown_tokenizer_facts(model_dir, error, venv=None, config_vocab_size=None):
+    """Pure: the tokenizer document when no tokenizer facts can be read (missing or unreadable files).
+
+    Every value is unknown (null), never a guess: `available` is false and `unavailable` says why and how to
+    fix it, so the plan marks what depends on the tokenizer as unknown instead of planning "none".
+    """
+    reason = str(error)
+    remedy = unreadable_remedy(model_dir)
+    return {
+        "loaded_with": None,
+        "available": False,
+        "unavailable": {"reason": reason, "remedy": remedy},
+        "tokenizer_class": None,
+        "remote_code": [],
+        "files": [],
+        "vocab_kind": None,
+        "vocab": {"base": None, "added": None, "total": None, "config_vocab_size": config_vocab_size,
+                  "disagreement": None},
+        "named": {},
+        "tokens": [],
+        "end_of_turn": [],
+        "role_markers": [],
+        "think_tokens": [],
+        "tool_tokens": [],
+        "reserved": {"count": None, "first_id": None, "last_id": None},
+        "mask_token": {"token": None, "id": None, "needs_new_token": None, "reason": f"unknown: {reason}"},
+        "chat_template": dict(analyze_chat_template(None, None), length=None, unknown=True),
+        "model_max_length": None,
+        "rendered_sample": None,
+        "load": {
+            "attempted": False,
+            "ok": False,
+            "error_type": type(error).__name__,
+            "error": reason,
+            "missing_modules": [],
+            "remedy": remedy,
+            "python": sys.executable,
+            "venv": venv or sys.prefix,
+        },
+        "agreement": None,
+        "warnings": [f"tokenizer facts unknown: {reason}; {remedy}"],
+    }
+
+
 # --------------------------------------------------------------------------------------------------
 # Raw files
 # --------------------------------------------------------------------------------------------------
@@ -591,15 +675,39 @@ def gather(
     remedy_variable="regen_serving_packages",
     sample_messages=None,
     venv=None,
+    unreadable="raise",
 ):
-    """The tokenizer facts document. Raises TokenizerError when no facts can be produced."""
+    """The tokenizer facts document.
+
+    When the tokenizer files are missing or unreadable, raises TokenizerError (`unreadable="raise"`, and
+    always in `library` mode) or returns `unknown_tokenizer_facts` (`unreadable="unknown"`), so the facts of
+    a config-only model directory are still written.
+    """
     venv = venv or sys.prefix
     sample_messages = DEFAULT_SAMPLE_MESSAGES if sample_messages is None else sample_messages
     config_vocab_size = _config_vocab_size(model_dir)
+    try:
+        doc = _gather(model_dir, mode, trust_remote_code, remedy_variable, sample_messages, venv,
+                      config_vocab_size)
+    except TokenizerError as exc:
+        if unreadable != "unknown" or mode == "library":
+            raise
+        return unknown_tokenizer_facts(model_dir, exc, venv, config_vocab_size)
+    # Only a vocabulary read from a vocabulary file (or the library) counts: added tokens alone are a floor.
+    counted = doc["loaded_with"] == "library" or doc["vocab"]["base"] is not None
+    disagreement = vocab_disagreement(doc["vocab"]["total"], config_vocab_size) if counted else None
+    doc["vocab"]["disagreement"] = disagreement
+    if disagreement:
+        doc["warnings"].append(f"vocabulary: {disagreement}")
+    return doc
+
+
+def _gather(model_dir, mode, trust_remote_code, remedy_variable, sample_messages, venv, config_vocab_size):
     raw = read_raw(model_dir, config_vocab_size)
     raw_template = analyze_chat_template(raw["_template_text"], raw["chat_template_source"])
     raw_doc = {
         "loaded_with": "raw_files",
+        "available": True,
         "tokenizer_class": raw["tokenizer_class"],
         "remote_code": raw["remote_code"],
         "files": raw["files"],

@@ -43,7 +43,9 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
     tokenizer = facts.get("tokenizer") or {}
     load = tokenizer.get("load") or {}
     how = f"loaded with {tokenizer.get('loaded_with')}"
-    if load.get("remedy"):
+    if tokenizer.get("available") is False:
+        how = f"unknown ({(tokenizer.get('unavailable') or {}).get('reason')})"
+    elif load.get("remedy"):
         how += f" (library failed: {load['remedy']})"
     # plan_values: the plan model_plan_info unwrapped once (module_utils/regen_plan.plan_values).
     values = facts.get("plan_values")
@@ -55,16 +57,37 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
         ]
     serving, drafter = values.get("serving") or {}, values.get("drafter") or {}
     generation = values.get("generation") or {}
+    plan = facts.get("plan") if isinstance(facts.get("plan"), dict) else {}
+
+    def shown(section: str, key: str, value: Any) -> str:
+        # An unknown entry's null is not "none": say unknown.
+        entry = (plan.get(section) or {}).get(key)
+        return "unknown" if isinstance(entry, dict) and entry.get("unknown") is True else repr(value)
+
     return [
         ("model", shape),
-        ("tokenizer", f"{how}; thinking switch {generation.get('thinking_switch')!r}"),
+        ("tokenizer", f"{how}; thinking switch "
+                      f"{shown('generation', 'thinking_switch', generation.get('thinking_switch'))}"),
         (
             "plan",
             f"serve tp={serving.get('tp_size')} ep={serving.get('ep_size')} on {serving.get('device')}; "
             f"drafter layers {drafter.get('target_layer_ids')}, block {drafter.get('block_size')}, "
-            f"mask id {drafter.get('mask_token_id')}",
+            f"mask id {shown('drafter', 'mask_token_id', drafter.get('mask_token_id'))}",
         ),
+        *warning_lines(facts),
     ]
+
+
+def warning_lines(facts: Record) -> list[tuple[str, str]]:
+    """The facts' warnings a run must not bury: a tokenizer vocabulary that disagrees with the config's
+    vocab_size beyond padding, and the plan's own (a mask id outside the embedding table, unknown parts)."""
+    rows = []
+    vocab = (facts.get("tokenizer") or {}).get("vocab") or {}
+    if vocab.get("disagreement"):
+        rows.append(("warning", f"vocabulary: {vocab['disagreement']}"))
+    plan = facts.get("plan") if isinstance(facts.get("plan"), dict) else {}
+    rows.extend(("warning", str(text)) for text in plan.get("warnings") or [])
+    return rows
 
 
 def serving_lines(

@@ -1,5 +1,6 @@
 """playbooks/introspect.yml on localhost against the demo model: facts file, plan, idempotence, check mode,
-and the early failure (with the remedy) when the serving venv cannot load the tokenizer.
+and the early failure (with the remedy) when the serving venv cannot load the tokenizer; without tokenizer
+files the facts and the config-decided plan are written and only the stages that need the rest stop.
 
 Each run uses a temporary inventory that names only localhost (connection local).
 """
@@ -7,6 +8,7 @@ Each run uses a temporary inventory that names only localhost (connection local)
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -104,3 +106,56 @@ def test_check_mode_before_the_model_exists_ends_the_preview_and_says_why(tmp_pa
     output, (_, _, _, failed) = _play(inventory)
     assert failed == 1
     assert f"model directory {missing} does not exist" in " ".join(output.split())
+
+
+def _config_only_copy(demo: Path, dest: Path) -> Path:
+    """The demo model without its tokenizer files (and without weight shards: the index's total_size is
+    what the plan reads): what a user has who copied only the config and the index."""
+    dest.mkdir(parents=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors.index.json"):
+        shutil.copy(demo / name, dest / name)
+    for code in demo.glob("*.py"):
+        if not code.name.startswith("tokenization"):
+            shutil.copy(code, dest / code.name)
+    return dest
+
+
+def test_without_tokenizer_files_the_facts_and_the_config_plan_are_written(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    model = _config_only_copy(demo_model_dir, tmp_path / "models" / "config-only")
+    inventory = localhost_inventory(
+        tmp_path / "inventory.yml",
+        groups=("regen_serve", "regen_generate"),
+        variables={
+            "regen_model_path": str(model),
+            "regen_serving_python": sys.executable,
+            "regen_artifacts_dir": str(tmp_path / "artifacts"),
+            "regen_work_dir": str(tmp_path / "work"),
+            "regen_profile": "cpu",
+            "model_facts_env_modules": ["jinja2"],
+        },
+    )
+    output, (_, changed, _, failed) = _play(inventory)
+    assert failed == 0, output[-4000:]
+    assert changed >= 1
+    facts = json.loads((tmp_path / "artifacts" / "model_facts.json").read_text())
+    assert facts["tokenizer"]["available"] is False
+    assert facts["architecture"]["num_layers"] and facts["plan"]["drafter"]["target_layer_ids"]["value"]
+    assert facts["plan"]["serving"]["tp_size"]["value"] == 1
+    unknown = {f"{s}.{k}" for s, entries in facts["plan"].items() if isinstance(entries, dict)
+               for k, e in entries.items() if isinstance(e, dict) and e.get("unknown")}
+    needed = {"drafter.mask_token_id", "generation.chat_template_kwargs", "generation.reasoning_parser"}
+    assert needed <= unknown
+    flowing = " ".join(output.split())
+    assert f"no tokenizer facts for {model}" in flowing and "are unknown" in flowing
+
+    output, (_, changed, _, failed) = _play(inventory)
+    assert (changed, failed) == (0, 0), output[-4000:]
+
+    # The stages that need the unknown parts stop, with the reason; nothing else is asked of them first.
+    tokenize = run_playbook("playbooks/tokenize.yml", inventory=inventory, timeout=600)
+    flowing = " ".join(tokenize.output.split())
+    assert tokenize.counts("localhost")["failed"] == 1, flowing[-3000:]
+    assert "the plan's drafter.mask_token_id is unknown" in flowing and "holds no tokenizer files" in flowing
+    assert "or set tokenized_data_mask_token_id" in flowing

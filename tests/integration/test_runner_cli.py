@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +112,17 @@ def test_run_facts_status_and_plan_after_a_run(tmp_path: Path, capsys: pytest.Ca
     assert {s["state"] for s in offline["stages"]} == {"not checked"}
     assert offline["check_run"] is None and offline["facts_source"].endswith("model_facts.json")
     assert offline["stages"][2]["last_run"]["status"] == "changed"
+
+    # Another inventory over the same artifacts directory and runner records: none of those runs are its.
+    other = tmp_path / "other-inventory"
+    shutil.copytree(INVENTORY, other)
+    argv = _args(tmp_path, "plan", "--offline", "--json")
+    argv[argv.index(str(INVENTORY))] = str(other)
+    assert main(argv) == 0
+    foreign = json.loads(capsys.readouterr().out)
+    assert [s["last_run"] for s in foreign["stages"]] == [None, None, None]
+    assert foreign["facts"] is None and foreign["plan"] is None
+    assert any("model_facts.json describes another run" in w and str(other) in w for w in foreign["warnings"])
 
 
 def test_a_failed_task_exits_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

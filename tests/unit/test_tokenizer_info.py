@@ -230,5 +230,67 @@ def test_chat_template_that_does_not_parse_is_a_warning(demo: Path, tmp_path: Pa
 
 
 def test_module_fail_json_for_no_tokenizer_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    result = run_module("tokenizer_info", {"path": str(tmp_path), "mode": "raw_files"}, capsys)
+    args = {"path": str(tmp_path), "mode": "raw_files", "require_files": True}
+    result = run_module("tokenizer_info", args, capsys)
     assert result["failed"] is True and "holds no tokenizer files" in result["msg"]
+
+
+def test_module_without_tokenizer_files_returns_unknown_facts_with_the_remedy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copy(FIXTURES / "kimi-k2.5" / "config.json", tmp_path / "config.json")
+    result = run_module("tokenizer_info", {"path": str(tmp_path)}, capsys)
+    assert not result.get("failed"), result
+    facts = result["tokenizer"]
+    assert facts["available"] is False and facts["loaded_with"] is None
+    assert "holds no tokenizer files" in facts["unavailable"]["reason"]
+    assert f"into {tmp_path}" in facts["unavailable"]["remedy"]
+    # Nothing is guessed: every tokenizer-dependent value is unknown, not "none".
+    assert facts["mask_token"]["id"] is None and facts["mask_token"]["reason"].startswith("unknown: ")
+    assert facts["chat_template"]["thinking_switch"] is None and facts["chat_template"]["unknown"] is True
+    assert facts["vocab"]["config_vocab_size"] == 163840 and facts["vocab"]["total"] is None
+    assert any("tokenizer facts unknown" in w for w in facts["warnings"])
+
+
+def test_library_mode_still_fails_without_tokenizer_files(tmp_path: Path) -> None:
+    shutil.copy(FIXTURES / "qwen3-8b" / "config.json", tmp_path / "config.json")
+    with pytest.raises(TokenizerError, match="holds no tokenizer files"):
+        gather(str(tmp_path), mode="library", unreadable="unknown")
+
+
+def test_a_corrupt_tokenizer_is_unknown_with_the_file_named(demo: Path, tmp_path: Path) -> None:
+    model = _copy(demo, tmp_path)
+    (model / "tokenizer_config.json").write_text("{")
+    facts = gather(str(model), mode="auto", unreadable="unknown")
+    assert facts["available"] is False
+    assert "tokenizer_config.json is not valid JSON" in facts["unavailable"]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("total", "config_vocab_size", "problem"),
+    [
+        (163840, 163840, None),  # Kimi: 163,584 ranks + 256 reserved specials fill the table exactly
+        (151669, 151936, None),  # Qwen3: padded to a multiple of 128
+        (128815, 129280, None),  # DeepSeek-V3: 465 spare rows
+        (163840, 129280, "have no row in the embedding table"),  # a Kimi tokenizer with a DeepSeek config
+        (128256, 151936, "more than padding explains"),  # a Llama 3 tokenizer with a Qwen config
+    ],
+)
+def test_vocabulary_disagreement_beyond_padding(
+    total: int, config_vocab_size: int, problem: str | None
+) -> None:
+    found = regen_tokenizer.vocab_disagreement(total, config_vocab_size)
+    assert (found is None) if problem is None else (problem in found)
+
+
+def test_a_tokenizer_of_another_model_is_a_warning_in_the_facts(demo: Path, tmp_path: Path) -> None:
+    model = _copy(demo, tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    real = config["text_config"]["vocab_size"]
+    config["text_config"]["vocab_size"] = real - 8  # the tokenizer now has ids past the embedding table
+    (model / "config.json").write_text(json.dumps(config))
+    facts = gather(str(model), mode="raw_files")
+    assert "no row in the embedding table" in (facts["vocab"]["disagreement"] or "")
+    assert any(w.startswith("vocabulary: ") for w in facts["warnings"])
+    clean = gather(str(_copy(demo, tmp_path / "clean")), mode="raw_files")
+    assert clean["vocab"]["disagreement"] is None

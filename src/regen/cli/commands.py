@@ -21,6 +21,7 @@ from regen.cli.views import (
     exit_line,
     facts_tree,
     make_console,
+    plan_headline,
     plan_table,
     print_summary,
     run_row,
@@ -101,6 +102,19 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_facts(args: argparse.Namespace, console: Console) -> int:
     project = find_project(args.project)
+    if args.model_path is not None:
+        return _facts_of_model_dir(args, project.root, console)
+    gpu_flags = (
+        ("--gpus", args.gpus),
+        ("--gpu-memory-gib", args.gpu_memory_gib),
+        ("--compute-capability", args.compute_capability),
+    )
+    given = [flag for flag, value in gpu_flags if value is not None]
+    if given or args.tokenizer_mode != "raw_files":
+        raise BadInput(
+            f"{', '.join(given) or '--tokenizer-mode'} only apply with --model-path DIR (without it, regen "
+            "facts introspects the inventory's hosts, whose GPUs and tokenizer it reads itself)"
+        )
     if not any(s.matches("introspect") for s in discover_stages(project.root)):
         names = ", ".join(s.name for s in discover_stages(project.root)) or "none"
         raise BadInput(f"this checkout has no introspect stage yet (regen.yml has: {names})")
@@ -138,10 +152,47 @@ def cmd_facts(args: argparse.Namespace, console: Console) -> int:
     )
     if result.plan:
         console.print(plan_table(result.plan))
+        console.print(plan_headline(result.facts))
     else:
         console.print(Text("no plan in the facts", style="dim"))
     if result.artifacts.facts:
         console.print(Text(f"facts file: {result.artifacts.facts[-1]}", style="dim"))
+    return 0
+
+
+def _facts_of_model_dir(args: argparse.Namespace, project_root: Path, console: Console) -> int:
+    """`regen facts --model-path DIR`: the module_utils functions called here, nothing run anywhere."""
+    from regen.cli.local_facts import LocalFactsError, local_facts
+
+    flags = (
+        ("-i", args.inventory),
+        ("-e", args.extra_vars),
+        ("-l", args.limit),
+        ("--secret-env", args.secret_env),
+    )
+    inventory_flags = [flag for flag, value in flags if value]
+    if inventory_flags:
+        raise BadInput(f"--model-path reads the directory on this machine: {', '.join(inventory_flags)} "
+                       "would be ignored; drop them, or drop --model-path to introspect the inventory")
+    try:
+        facts = local_facts(
+            project_root,
+            args.model_path,
+            gpus=args.gpus,
+            memory_gib=args.gpu_memory_gib,
+            capability=args.compute_capability,
+            tokenizer_mode=args.tokenizer_mode,
+        )
+    except LocalFactsError as exc:
+        make_console(stderr=True).print(Text(f"regen: {exc}", style="bold red"))
+        return int(ExitCode.ERROR)
+    if args.json:
+        print(json.dumps(facts, indent=1, default=str))
+        return 0
+    shown = {k: v for k, v in facts.items() if k not in ("plan", "plan_values", "plan_unknown")}
+    console.print(facts_tree(shown, f"model facts ({facts['model_path']}, read here)"))
+    console.print(plan_table(facts["plan"]))
+    console.print(plan_headline(facts))
     return 0
 
 

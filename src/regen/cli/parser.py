@@ -162,11 +162,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_facts = sub.add_parser(
         "facts",
-        help="run introspection only and print the model facts and plan",
+        help="run introspection only and print the model facts and plan (or, with --model-path, read a "
+        "model directory here: no inventory, no SSH, no GPU)",
+        description="Without --model-path: run the introspect stage on the inventory and print its facts "
+        "and plan. With --model-path DIR: read DIR on this machine (config.json is enough; the "
+        "tokenizer-dependent parts are then unknown) and plan it for the GPUs given by --gpus, "
+        "--gpu-memory-gib and --compute-capability (none: the CPU), without any playbook run.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _inventory_args(p_facts)
+    p_facts.add_argument(
+        "--model-path",
+        metavar="DIR",
+        help="a model directory on this machine: print its facts and plan without inventory, SSH or GPU",
+    )
+    p_facts.add_argument(
+        "--gpus", type=int, metavar="N", help="with --model-path: plan for N GPUs (default: none, the CPU)"
+    )
+    p_facts.add_argument(
+        "--gpu-memory-gib", type=float, metavar="G", help="with --model-path: memory of each GPU in GiB"
+    )
+    p_facts.add_argument(
+        "--compute-capability",
+        metavar="X.Y",
+        help="with --model-path: the GPUs' compute capability, e.g. 12.0 (RTX PRO 6000), 10.0 (B200), 9.0",
+    )
+    p_facts.add_argument(
+        "--tokenizer-mode",
+        choices=("raw_files", "auto", "library"),
+        default="raw_files",
+        help="with --model-path: read the tokenizer from its files (default; runs no model code), or try "
+        "transformers first (auto), or require it (library)",
+    )
     p_facts.add_argument("--json", action="store_true", help="print the facts document as JSON")
     _common(p_facts)
 

@@ -428,11 +428,19 @@ def watch_run(
             handle.cancel()
 
 
-def _plan_rows(plan_doc: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str, str]]:
+def _plan_rows(
+    plan_doc: Mapping[str, Any], prefix: str = "", _said: set[str] | None = None
+) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
+    said = set() if _said is None else _said  # unknown entries share one long reason: print it once
     for key, value in plan_doc.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and "value" in value:
+        if isinstance(value, Mapping) and "value" in value and value.get("unknown") is True:
+            # Unknown is not null: a null value is a decision ("no reasoning parser"), this is a gap.
+            reason = f"{value.get('reason') or ''}; fix: {value.get('remedy') or '?'}"
+            rows.append((name, "unknown", reason if reason not in said else "unknown: as above"))
+            said.add(reason)
+        elif isinstance(value, Mapping) and "value" in value:
             reason = value.get("reason") or ""
             rows.append((name, json.dumps(value["value"], default=str), str(reason)))
         elif isinstance(value, Mapping):
@@ -441,7 +449,7 @@ def _plan_rows(plan_doc: Mapping[str, Any], prefix: str = "") -> list[tuple[str,
             if scalars and not any(isinstance(v, Mapping) for v in value.values()):
                 rows.append((name, json.dumps(scalars, default=str), reason))
             else:
-                rows.extend(_plan_rows(value, f"{name}."))
+                rows.extend(_plan_rows(value, f"{name}.", said))
         else:
             rows.append((name, json.dumps(value, default=str), ""))
     return rows
@@ -455,6 +463,64 @@ def plan_table(plan_doc: Mapping[str, Any]) -> Table:
     for name, value, reason in _plan_rows(plan_doc):
         table.add_row(name, escape(value), escape(reason))
     return table
+
+
+def plan_headline(facts: Mapping[str, Any]) -> Group:
+    """The plan at a glance: layout, attention backend, context length, drafter, what is unknown, warnings."""
+    from regen.cli.local_facts import planned_context_length
+
+    plan = facts.get("plan") if isinstance(facts.get("plan"), Mapping) else {}
+
+    def value(section: str, key: str) -> str:
+        entry = (plan.get(section) or {}).get(key)
+        if isinstance(entry, Mapping) and entry.get("unknown") is True:
+            return "unknown"
+        shown = entry.get("value") if isinstance(entry, Mapping) else entry
+        return shown if isinstance(shown, str) else json.dumps(shown, default=str)
+
+    lines = [Text("at a glance", style="bold")]
+    lines.append(Text(
+        f"  serving: {value('serving', 'device')} · TP {value('serving', 'tp_size')} · EP "
+        f"{value('serving', 'ep_size')} · DP {value('serving', 'dp_size')} · attention DP "
+        f"{value('serving', 'attn_dp_size')} · fits {value('serving', 'fits')}"
+    ))
+    backend = (plan.get("serving") or {}).get("attention_backend") or {}
+    why = str(backend.get("reason") or "")
+    if ", sources: " in why:  # the table row's sources are in the plan table above
+        why = why.split(", sources: ")[0] + ")"
+    lines.append(Text(f"  attention backend: {value('serving', 'attention_backend')} ({_short(why, 300)})"))
+    length, where, reason = planned_context_length(plan)
+    if where:
+        why = f": {reason}" if reason else ""
+        lines.append(Text(f"  context length: {json.dumps(length)} ({where}{why})"))
+    else:
+        maximum = (facts.get("architecture") or {}).get("max_position_embeddings")
+        lines.append(Text(
+            f"  context length: not planned (the plan has no length budget); SGLang would take the model's "
+            f"own maximum, {maximum}"
+        ))
+    lines.append(Text(
+        f"  drafter: target layers {value('drafter', 'target_layer_ids')} · block "
+        f"{value('drafter', 'block_size')} · mask id {value('drafter', 'mask_token_id')}"
+    ))
+    unknown = {
+        f"{section}.{key}": entry
+        for section, entries in plan.items() if isinstance(entries, Mapping)
+        for key, entry in entries.items() if isinstance(entry, Mapping) and entry.get("unknown") is True
+    }
+    if unknown:
+        first = next(iter(unknown.values()))
+        lines.append(Text(f"  unknown without the tokenizer: {', '.join(sorted(unknown))}", style="yellow"))
+        why_unknown = str(first.get("reason") or "").removeprefix("unknown: ")
+        lines.append(Text(f"    why: {why_unknown}", style="yellow"))
+        lines.append(Text(f"    fix: {first.get('remedy')}", style="yellow"))
+    vocab = ((facts.get("tokenizer") or {}).get("vocab") or {}).get("disagreement")
+    # The unknown parts are listed above: their plan warning would say it twice.
+    said_above = "tokenizer facts unknown" if unknown else None
+    warnings = [w for w in plan.get("warnings") or [] if not (said_above and str(w).startswith(said_above))]
+    for warning in ([f"vocabulary: {vocab}"] if vocab else []) + warnings:
+        lines.append(Text(f"  warning: {warning}", style="yellow"))
+    return Group(*lines)
 
 
 def facts_tree(facts: Mapping[str, Any], label: str = "facts") -> Tree:

@@ -16,7 +16,7 @@ With ``offline=True`` the check run is skipped: nothing connects to any host.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,9 +75,43 @@ class PlanReport:
         }
 
 
-def _last_runs(project_dir: Path, private_data_dir: Path | None) -> dict[str, dict[str, Any]]:
+def same_inventory(recorded: Sequence[str], inventory: Path) -> bool:
+    """Whether a run recorded with inventories `recorded` (runner's `-i` arguments) ran on `inventory`
+    alone."""
+    try:
+        return bool(recorded) and {Path(p).expanduser().resolve() for p in recorded} == {inventory.resolve()}
+    except (OSError, RuntimeError):
+        return False
+
+
+def _runs_of(project_dir: Path, private_data_dir: Path | None, inventory: Path) -> list[RunResult]:
+    """The recorded runs (newest first) of this inventory only: runs of another inventory that share the
+    runner's records or the artifacts directory say nothing about this one."""
+    return [
+        past
+        for past in history(project_dir=project_dir, private_data_dir=private_data_dir, limit=50)
+        if same_inventory(past.inventory, inventory)
+    ]
+
+
+def facts_belong(
+    facts: Mapping[str, Any], hostvars: Mapping[str, Mapping[str, Any]], runs: Sequence[RunResult]
+) -> bool:
+    """Whether a facts document describes this inventory: its host is one of the inventory's (introspecting
+    the model the inventory names there), or, for documents without a host, a run of this inventory
+    produced exactly it."""
+    host = facts.get("host")
+    if isinstance(host, str):
+        if host not in hostvars:
+            return False
+        model = hostvars[host].get("regen_model_path")
+        return not (isinstance(model, str) and model and facts.get("model_path") not in (None, model))
+    return any(past.facts == facts for past in runs)
+
+
+def _last_runs(runs: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     last: dict[str, dict[str, Any]] = {}
-    for past in history(project_dir=project_dir, private_data_dir=private_data_dir, limit=50):
+    for past in runs:
         if past.check:
             continue
         for stage in past.stages:
@@ -114,7 +148,7 @@ def plan(
             env=env,
             limit=limit,
             extravars=extravars,
-            names=("regen_artifacts_dir", "regen_work_dir"),
+            names=("regen_artifacts_dir", "regen_work_dir", "regen_model_path"),
             patterns=patterns,
         )
     except Exception as exc:
@@ -124,7 +158,8 @@ def plan(
         s.name: sorted({h for p in s.plays for h in query["patterns"].get(p.hosts, [])}) for s in stages
     }
     pdd = Path(private_data_dir).expanduser().resolve() if private_data_dir else None
-    last = _last_runs(project.root, pdd)
+    runs = _runs_of(project.root, pdd, inventory_path)
+    last = _last_runs(runs)
 
     check: RunResult | None = None
     if not offline:
@@ -180,9 +215,36 @@ def plan(
             "check run" if check.facts_source == "run" else check.facts_source,
         )
     else:
-        artifact_dirs, _ = _art.data_roots(query["hosts"])
-        found = _art.collect_artifacts(artifact_dirs).facts
-        if found:
-            newest = max(found, key=lambda p: p.stat().st_mtime)
-            report.facts, report.facts_source = _art.read_facts_file(newest), str(newest)
+        _offline_facts(report, query["hosts"], runs, inventory_path)
     return report
+
+
+def _offline_facts(
+    report: PlanReport, hostvars: Mapping[str, Mapping[str, Any]], runs: Sequence[RunResult], inventory: Path
+) -> None:
+    """The facts of this inventory without a check run: the newest facts file in its artifacts directories
+    when it describes this inventory, else the newest facts a recorded run of this inventory produced.
+    Both inventories of a checkout write `<checkout>/artifacts` by default, so the file alone proves
+    nothing."""
+    artifact_dirs, _ = _art.data_roots(hostvars)
+    found = _art.collect_artifacts(artifact_dirs).facts
+    foreign = None
+    if found:
+        newest = max(found, key=lambda p: p.stat().st_mtime)
+        facts = _art.read_facts_file(newest)
+        if facts is not None and facts_belong(facts, hostvars, runs):
+            report.facts, report.facts_source = facts, str(newest)
+            return
+        if facts is not None:
+            foreign = (newest, facts)
+    for past in runs:
+        if past.facts is not None:
+            report.facts, report.facts_source = dict(past.facts), f"run {past.ident} ({past.artifact_dir})"
+            break
+    if foreign is not None:
+        path, facts = foreign
+        report.warnings.append(
+            f"{path} describes {facts.get('host') or 'another run'} "
+            f"({facts.get('model_path') or 'model ?'}), not a run of {inventory}: it is not used; run "
+            f"`regen facts -i {inventory}` to introspect this inventory"
+        )
