@@ -15,6 +15,8 @@ mkdir -p "$logs"
 lxc_log="$logs/background.log"
 
 started=$(date +%s)
+# The slowest tests of each part are listed at its end: where the suite's time goes, run after run.
+set -- --durations=15 "$@"
 (
   pytest -m "lxc" "$@"
   lxc=$?
