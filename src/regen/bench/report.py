@@ -158,6 +158,7 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[str]:
         levels = sorted(layout.get("levels") or [], key=lambda lv: lv["concurrency"])
         ax.plot([lv["concurrency"] for lv in levels], [lv["output_tokens_per_s"] for lv in levels],
                 marker="o", label=layout["name"])
+    _concurrency_ticks(ax, measured)
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
     ax.set_title("Throughput per layout")
@@ -175,6 +176,7 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[str]:
                 if any(y is not None for y in ys):
                     ax.plot(xs, [y if y is not None else float("nan") for y in ys], style, marker=".",
                             label=f"{layout['name']} {q}")
+        _concurrency_ticks(ax, measured)
         ax.set_xlabel("concurrency")
         ax.set_ylabel("ms")
         ax.set_title(title)
@@ -208,6 +210,12 @@ def _wrap(text: str, width: int = 70) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width))
+
+
+def _concurrency_ticks(ax, measured: Sequence[Any]) -> None:
+    levels = sorted({lv["concurrency"] for lay in measured for lv in lay.get("levels") or []})
+    if levels:
+        ax.set_xticks(levels)
 
 
 def _finish(ax, measured: Sequence[Any], empty_text: str) -> None:

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,13 +79,29 @@ def _layout(text: str) -> dict[str, Any]:
     return layout
 
 
+BUILTIN_DEMO = "builtin:demo"
+
+
+def _prompt_files(paths: list[str]) -> list[Path]:
+    """Files of the request mix; `builtin:demo` is the prompt set packaged with regen (before a prompts stage)."""
+    files: list[Path] = []
+    for path in paths:
+        if path == BUILTIN_DEMO:
+            from importlib.resources import files as package_files
+
+            files.append(Path(str(package_files("regen.data") / "demo_prompts.jsonl")))
+        else:
+            files.extend(resolve_inputs([path]))
+    return files
+
+
 def request_mix(paths: list[str], count: int) -> list[list[dict[str, str]]]:
     """The fixed request mix: each prompt's context up to its first assistant turn, cycled to `count`.
 
     The same rows in the same order every run, so two layouts (and two sweeps) answer the same requests.
     """
     mixes: list[list[dict[str, str]]] = []
-    for path in resolve_inputs(paths):
+    for path in _prompt_files(paths):
         for number, raw in iter_lines(path):
             obj, error = decode_json_line(raw)
             if error:
@@ -237,7 +254,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
 
 
 def _log_text(a: argparse.Namespace) -> str:
-    if a.log_file:
+    if a.log_file and os.path.exists(a.log_file):
         try:
             with open(a.log_file, "rb") as f:
                 f.seek(0, os.SEEK_END)
@@ -245,7 +262,7 @@ def _log_text(a: argparse.Namespace) -> str:
                 return f.read().decode("utf-8", "replace")
         except OSError:
             return ""
-    if a.unit:
+    if a.unit and shutil.which("journalctl"):
         done = subprocess.run(["journalctl", "-u", a.unit, "-n", "400", "--no-pager", "-o", "cat"],
                               capture_output=True, text=True, check=False)
         return done.stdout if done.returncode == 0 else ""
@@ -334,9 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--reason", required=True, help="what went wrong (the failed task's message)")
     f.add_argument("--output", required=True, type=Path)
     f.add_argument("--status", choices=("failed", "infeasible"), default="failed")
-    src = f.add_mutually_exclusive_group()
-    src.add_argument("--log-file", help="the server's log file (process mode)")
-    src.add_argument("--unit", help="the server's systemd unit (its journal is read)")
+    f.add_argument("--log-file", help="the server's log file (process mode; read when it exists)")
+    f.add_argument("--unit", help="the server's systemd unit (its journal is read when there is no log file)")
     f.add_argument("--estimate-json")
     f.set_defaults(func=cmd_failed)
 
