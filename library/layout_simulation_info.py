@@ -106,7 +106,14 @@ import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_simulator import TOOL, VERSION, command, coverage, failure_reason, parse_best_configs
+from ansible.module_utils.regen_simulator import (
+    TOOL,
+    VERSION,
+    command,
+    coverage,
+    failure_reason,
+    parse_best_configs,
+)
 
 
 def _find_csv(root):
@@ -136,16 +143,25 @@ def main():
     p = module.params
     system, reason = coverage(p["architecture"], p["gpu"])
     total = p["total_gpus"] or int((p["gpu"] or {}).get("count") or 0)
-    result = {"covered": system is not None, "reason": reason, "system": system, "isl": p["isl"],
-              "osl": p["osl"], "total_gpus": total, "tool": f"{TOOL} {VERSION}"}
+    result = {
+        "covered": system is not None,
+        "reason": reason,
+        "system": system,
+        "isl": p["isl"],
+        "osl": p["osl"],
+        "total_gpus": total,
+        "tool": f"{TOOL} {VERSION}",
+    }
     if system is None or not p["run"]:
         module.exit_json(changed=False, simulation=result)
     if not p["config"]:
         module.fail_json(msg="layout_simulation_info: run=true needs the model's config.json in config")
     executable = os.path.join(p["bin_dir"], "aiconfigurator")
     if not os.access(executable, os.X_OK):
-        module.fail_json(msg=f"{executable} is not there: build the aiconfigurator venv first "
-                             "(role serving_simulator, tasks_from venv)")
+        module.fail_json(
+            msg=f"{executable} is not there: build the aiconfigurator venv first "
+            "(role serving_simulator, tasks_from venv)"
+        )
     workdir = tempfile.mkdtemp(prefix="regen-aiconfigurator-")
     try:
         model_dir = os.path.join(workdir, "model")
@@ -163,8 +179,10 @@ def main():
         result["command"] = " ".join(argv).replace(workdir, "<tmp>")
         found = _find_csv(save) if rc == 0 else None
         if found is None:
-            result.update(covered=False,
-                          reason=f"{TOOL} {VERSION} gave no answer (exit {rc}): {failure_reason(out + err)}")
+            result.update(
+                covered=False,
+                reason=f"{TOOL} {VERSION} gave no answer (exit {rc}): {failure_reason(out + err)}",
+            )
             module.exit_json(changed=False, simulation=result)
         with open(found) as f:
             text = f.read()

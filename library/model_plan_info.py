@@ -106,10 +106,13 @@ def main():
     if p["architecture"] is not None:
         plan = make_plan(p["architecture"], p["tokenizer"], p["gpu"], p["overrides"])
         # The measured layout (when a sweep report fits this model and host), then the simulator's estimate
-        # beside the final choice.
-        plan = apply_report(plan, p["sweep_report"], p["overrides"], p["architecture"], p["gpu"], p["backend"])
-        plan["serving"]["simulator_estimate"] = simulator_entry(
-            p["simulation"], plan_values(plan)["serving"])
+        # beside the final choice; each only when the role passed it.
+        if p["sweep_report"] is not None:
+            plan = apply_report(
+                plan, p["sweep_report"], p["overrides"], p["architecture"], p["gpu"], p["backend"]
+            )
+        if p["simulation"] is not None:
+            plan["serving"]["simulator_estimate"] = simulator_entry(p["simulation"], plan_values(plan)["serving"])
     module.exit_json(changed=False, plan=plan, plan_values=plan_values(plan) if plan is not None else None)
 
 

@@ -23,7 +23,7 @@ options:
     elements: dict
     default: []
   facts:
-    description: The model facts document (regen_facts) for the plan and the simulator's estimate; may be empty.
+    description: The model facts (regen_facts), for the plan and the simulator's estimate; may be empty.
     type: dict
     default: {}
   architecture:
@@ -94,21 +94,40 @@ def main():
     serving = (plan_values(plan) or {}).get("serving") or {}
     simulation_entry = (plan.get("serving") or {}).get("simulator_estimate") or {}
     value = simulation_entry.get("value") if isinstance(simulation_entry, dict) else None
-    simulation = ({"covered": True, "candidates": value.get("candidates"), "tool": value.get("tool")}
-                  if value else {"covered": False, "reason": (simulation_entry or {}).get("reason")
-                                 or "the facts hold no simulator estimate (introspect first)"})
+    simulation = (
+        {"covered": True, "candidates": value.get("candidates"), "tool": value.get("tool")}
+        if value
+        else {
+            "covered": False,
+            "reason": (simulation_entry or {}).get("reason")
+            or "the facts hold no simulator estimate (introspect first)",
+        }
+    )
     architecture = p["architecture"] or facts.get("architecture") or {}
     gpu = p["gpu"] or (facts.get("environment") or {}).get("gpu") or {}
     try:
-        layouts = sweep_layouts(p["layouts"], serving, simulation, architecture, gpu,
-                                include_plan=p["include_plan"], simulator_top=p["simulator_top"])
+        layouts = sweep_layouts(
+            p["layouts"],
+            serving,
+            simulation,
+            architecture,
+            gpu,
+            include_plan=p["include_plan"],
+            simulator_top=p["simulator_top"],
+        )
     except LayoutError as exc:
         module.fail_json(msg=str(exc))
     if not layouts:
-        module.fail_json(msg="no layout to measure: list some in layout_sweep_layouts, or keep "
-                             "layout_sweep_include_plan true")
-    module.exit_json(changed=False, layouts=layouts, model_identity=model_identity(architecture),
-                     gpu_count=int(gpu.get("count") or 0))
+        module.fail_json(
+            msg="no layout to measure: list some in layout_sweep_layouts, or keep "
+            "layout_sweep_include_plan true"
+        )
+    module.exit_json(
+        changed=False,
+        layouts=layouts,
+        model_identity=model_identity(architecture),
+        gpu_count=int(gpu.get("count") or 0),
+    )
 
 
 if __name__ == "__main__":

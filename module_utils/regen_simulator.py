@@ -41,17 +41,42 @@ SYSTEMS = (
     (re.compile(r"\bA30\b", re.I), "a30"),
 )
 # Architectures aiconfigurator 0.12.0 parses (its error message lists them); anything else is not covered.
-ARCHITECTURES = frozenset({
-    "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3VLForConditionalGeneration",
-    "Qwen3VLMoeForConditionalGeneration", "MiMoForCausalLM", "DeepSeekForCausalLM", "DeepseekV3ForCausalLM",
-    "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM", "KimiK25ForConditionalGeneration",
-    "KimiK3ForConditionalGeneration", "NemotronForCausalLM", "DeciLMForCausalLM", "NemotronHForCausalLM",
-    "MixtralForCausalLM", "GptOssForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-    "MiniMaxM2ForCausalLM", "MiniMaxM3ForCausalLM", "MiniMaxM3SparseForConditionalGeneration",
-    "Step3p7ForConditionalGeneration", "Step3p5ForCausalLM", "Step3p7FlashForCausalLM",
-    "Step3p5FlashForCausalLM", "MiMoV2FlashForCausalLM", "Llama4ForConditionalGeneration",
-    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Gemma4ForConditionalGeneration",
-})
+ARCHITECTURES = frozenset(
+    {
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3VLMoeForConditionalGeneration",
+        "MiMoForCausalLM",
+        "DeepSeekForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "GlmMoeDsaForCausalLM",
+        "DeepseekV4ForCausalLM",
+        "KimiK25ForConditionalGeneration",
+        "KimiK3ForConditionalGeneration",
+        "NemotronForCausalLM",
+        "DeciLMForCausalLM",
+        "NemotronHForCausalLM",
+        "MixtralForCausalLM",
+        "GptOssForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "MiniMaxM2ForCausalLM",
+        "MiniMaxM3ForCausalLM",
+        "MiniMaxM3SparseForConditionalGeneration",
+        "Step3p7ForConditionalGeneration",
+        "Step3p5ForCausalLM",
+        "Step3p7FlashForCausalLM",
+        "Step3p5FlashForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Gemma4ForConditionalGeneration",
+    }
+)
 _PARALLEL = re.compile(r"^tp(\d+)pp(\d+)dp(\d+)etp(\d+)ep(\d+)$")
 
 
@@ -87,16 +112,27 @@ def command(python_bin_dir, model_path, system, total_gpus, isl, osl, save_dir, 
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return [
-        f"{python_bin_dir.rstrip('/')}/aiconfigurator", "cli", "default",
-        "--model-path", model_path,
-        "--system", system,
-        "--backend", "sglang",
-        "--total-gpus", str(total_gpus),
-        "--serving-mode", "agg",
-        "--isl", str(isl),
-        "--osl", str(osl),
-        "--top-n", str(top_n),
-        "--save-dir", save_dir,
+        f"{python_bin_dir.rstrip('/')}/aiconfigurator",
+        "cli",
+        "default",
+        "--model-path",
+        model_path,
+        "--system",
+        system,
+        "--backend",
+        "sglang",
+        "--total-gpus",
+        str(total_gpus),
+        "--serving-mode",
+        "agg",
+        "--isl",
+        str(isl),
+        "--osl",
+        str(osl),
+        "--top-n",
+        str(top_n),
+        "--save-dir",
+        save_dir,
         "--no-color",
     ]
 
@@ -150,23 +186,25 @@ def parse_best_configs(text):
     rows = []
     for rank, row in enumerate(reader, 1):
         settings = sglang_layout(row["parallel"])
-        rows.append({
-            "rank": rank,
-            "name": layout_name(settings),
-            "settings": settings,
-            "parallel": row["parallel"],
-            "output_tokens_per_s": _number(row["tokens/s"]),
-            "tokens_per_s_per_gpu": _number(row["tokens/s/gpu"]),
-            "tokens_per_s_per_user": _number(row.get("tokens/s/user")),
-            "concurrency": _number(row["concurrency"]),
-            "ttft_ms": _number(row.get("ttft")),
-            "tpot_ms": _number(row.get("tpot")),
-            "isl": _number(row.get("isl")),
-            "osl": _number(row.get("osl")),
-            "total_gpus": _number(row.get("num_total_gpus")),
-            "perf_db_version": row.get("version"),
-            "system": row.get("system"),
-        })
+        rows.append(
+            {
+                "rank": rank,
+                "name": layout_name(settings),
+                "settings": settings,
+                "parallel": row["parallel"],
+                "output_tokens_per_s": _number(row["tokens/s"]),
+                "tokens_per_s_per_gpu": _number(row["tokens/s/gpu"]),
+                "tokens_per_s_per_user": _number(row.get("tokens/s/user")),
+                "concurrency": _number(row["concurrency"]),
+                "ttft_ms": _number(row.get("ttft")),
+                "tpot_ms": _number(row.get("tpot")),
+                "isl": _number(row.get("isl")),
+                "osl": _number(row.get("osl")),
+                "total_gpus": _number(row.get("num_total_gpus")),
+                "perf_db_version": row.get("version"),
+                "system": row.get("system"),
+            }
+        )
     return rows
 
 
@@ -176,14 +214,19 @@ def failure_reason(output):
     for line in reversed(lines):
         if re.search(r"(Error|\[E\])", line) and not line.startswith("File "):
             return re.sub(r"^\S+ \[aiconfigurator\] \[E\] \[[^\]]+\] ", "", line)[:400]
-    return (lines[-1][:400] if lines else "no output")
+    return lines[-1][:400] if lines else "no output"
 
 
 def match_estimate(candidates, settings):
     """The candidate whose SGLang layout equals `settings` (tp/ep/attn-dp/pp), or None."""
+
     def key(s):
-        return (int(s.get("tp_size") or 1), int(s.get("ep_size") or 1), int(s.get("attn_dp_size") or 1),
-                int(s.get("pp_size") or 1))
+        return (
+            int(s.get("tp_size") or 1),
+            int(s.get("ep_size") or 1),
+            int(s.get("attn_dp_size") or 1),
+            int(s.get("pp_size") or 1),
+        )
 
     wanted = key(settings)
     for candidate in candidates or []:
@@ -201,9 +244,11 @@ def plan_entry(simulation, serving_values):
     if not simulation:
         return {"value": None, "reason": "the simulator did not run: the plan's own rules decide"}
     if not simulation.get("covered"):
-        return {"value": None,
-                "reason": f"not covered by {TOOL} {VERSION}: {simulation.get('reason')}; "
-                          "the plan's own rules decide"}
+        return {
+            "value": None,
+            "reason": f"not covered by {TOOL} {VERSION}: {simulation.get('reason')}; "
+            "the plan's own rules decide",
+        }
     candidates = simulation.get("candidates") or []
     chosen = match_estimate(candidates, serving_values)
     top = candidates[0] if candidates else None
@@ -217,13 +262,17 @@ def plan_entry(simulation, serving_values):
         "candidates": candidates,
     }
     if chosen and top:
-        reason = (f"{TOOL} estimates {chosen['output_tokens_per_s']:g} output tokens/s for the plan's "
-                  f"{chosen['name']} (rank {chosen['rank']}); its best is {top['name']} at "
-                  f"{top['output_tokens_per_s']:g} (concurrency {top['concurrency']}); the plan keeps its "
-                  "own rules, the layout sweep measures both")
+        reason = (
+            f"{TOOL} estimates {chosen['output_tokens_per_s']:g} output tokens/s for the plan's "
+            f"{chosen['name']} (rank {chosen['rank']}); its best is {top['name']} at "
+            f"{top['output_tokens_per_s']:g} (concurrency {top['concurrency']}); the plan keeps its "
+            "own rules, the layout sweep measures both"
+        )
     elif top:
-        reason = (f"{TOOL}'s best is {top['name']} at {top['output_tokens_per_s']:g} output tokens/s; the plan's "
-                  "layout is not among its top candidates (or breaks its latency limits); the sweep measures both")
+        reason = (
+            f"{TOOL}'s best is {top['name']} at {top['output_tokens_per_s']:g} output tokens/s; the plan's "
+            "layout is not among its top candidates (or breaks its latency limits); the sweep measures both"
+        )
     else:
         reason = f"{TOOL} found no layout within its default latency limits for this budget"
     return {"value": value, "reason": reason}

@@ -17,14 +17,27 @@ import re
 GIB = 1024**3
 # Settings a layout may carry; the first group are plan values of `serving` (the others are server knobs
 # the plan has no entry for, recorded in plan.serving.sweep for the serving role).
-PLAN_SERVING_KEYS = ("tp_size", "ep_size", "pp_size", "dp_size", "attn_dp_size", "attention_backend",
-                     "mem_fraction_static")
+PLAN_SERVING_KEYS = (
+    "tp_size",
+    "ep_size",
+    "pp_size",
+    "dp_size",
+    "attn_dp_size",
+    "attention_backend",
+    "mem_fraction_static",
+)
 SERVER_KEYS = ("moe_a2a_backend", "environment", "extra_args")
-LAYOUT_KEYS = ("name",) + PLAN_SERVING_KEYS + SERVER_KEYS
+LAYOUT_KEYS = ("name", *PLAN_SERVING_KEYS, *SERVER_KEYS)
 PARALLEL_KEYS = ("tp_size", "ep_size", "pp_size", "dp_size", "attn_dp_size")
-_FLAGS = {"tp_size": "--tp-size", "ep_size": "--ep-size", "pp_size": "--pp-size", "dp_size": "--dp-size",
-          "attn_dp_size": "--attn-dp-size", "attention_backend": "--attention-backend",
-          "mem_fraction_static": "--mem-fraction-static"}
+_FLAGS = {
+    "tp_size": "--tp-size",
+    "ep_size": "--ep-size",
+    "pp_size": "--pp-size",
+    "dp_size": "--dp-size",
+    "attn_dp_size": "--attn-dp-size",
+    "attention_backend": "--attention-backend",
+    "mem_fraction_static": "--mem-fraction-static",
+}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 PLAN_LAYOUT = "plan"
 
@@ -41,27 +54,37 @@ def _int(settings, key):
 def check_layouts(layouts, variable="layout_sweep_layouts"):
     """Validate the inventory's layouts (names unique and file-safe, only known keys, ints >= 1)."""
     if not isinstance(layouts, list):
-        raise LayoutError(f"{variable} must be a list of layouts, e.g. [{{name: tp8-ep8, tp_size: 8, ep_size: 8}}]")
+        raise LayoutError(
+            f"{variable} must be a list of layouts, e.g. [{{name: tp8-ep8, tp_size: 8, ep_size: 8}}]"
+        )
     seen = set()
     for index, layout in enumerate(layouts):
         if not isinstance(layout, dict):
             raise LayoutError(f"{variable}[{index}] is not a mapping")
         name = layout.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise LayoutError(f"{variable}[{index}].name must be a short name of letters, digits, '.', '_' "
-                              f"or '-' (it names files), got {name!r}")
-        if name in seen or name == PLAN_LAYOUT and layout.get("_source") != "plan":
-            raise LayoutError(f"{variable}: the layout name {name!r} is used twice (or is the reserved "
-                              f"{PLAN_LAYOUT!r}, the plan's own layout)")
+            raise LayoutError(
+                f"{variable}[{index}].name must be a short name of letters, digits, '.', '_' "
+                f"or '-' (it names files), got {name!r}"
+            )
+        if name in seen or (name == PLAN_LAYOUT and layout.get("_source") != "plan"):
+            raise LayoutError(
+                f"{variable}: the layout name {name!r} is used twice (or is the reserved "
+                f"{PLAN_LAYOUT!r}, the plan's own layout)"
+            )
         seen.add(name)
         unknown = sorted(set(layout) - set(LAYOUT_KEYS) - {"_source"})
         if unknown:
-            raise LayoutError(f"{variable}[{index}] ({name}): unknown key(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(LAYOUT_KEYS)}")
+            raise LayoutError(
+                f"{variable}[{index}] ({name}): unknown key(s) {', '.join(unknown)}; "
+                f"known: {', '.join(LAYOUT_KEYS)}"
+            )
         for key in ("tp_size", "ep_size", "pp_size", "dp_size", "attn_dp_size"):
             value = layout.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise LayoutError(f"{variable}[{index}] ({name}).{key} must be an integer >= 1, got {value!r}")
+                raise LayoutError(
+                    f"{variable}[{index}] ({name}).{key} must be an integer >= 1, got {value!r}"
+                )
     return layouts
 
 
@@ -80,8 +103,10 @@ def feasibility(settings, architecture, gpu, plan_serving=None):
     ep, attn_dp = _int(settings, "ep_size"), _int(settings, "attn_dp_size")
     if count == 0:
         if max(tp, pp, dp, ep, attn_dp) > 1:
-            return False, ("no GPU on this host: the CPU server runs one process, so tp/ep/pp/dp/attn-dp "
-                           "above 1 cannot be served here")
+            return False, (
+                "no GPU on this host: the CPU server runs one process, so tp/ep/pp/dp/attn-dp "
+                "above 1 cannot be served here"
+            )
         return True, "one CPU process"
     need = tp * pp * dp
     if need > count:
@@ -97,11 +122,15 @@ def feasibility(settings, architecture, gpu, plan_serving=None):
         share = weights / (tp * pp)
         usable = per_gpu * float(fraction)
         if share > usable:
-            return False, (f"weights {share / GIB:.1f} GiB per GPU at tp {tp} x pp {pp} exceed the "
-                           f"{usable / GIB:.1f} GiB static share of one {per_gpu / GIB:.1f} GiB GPU "
-                           f"(mem_fraction_static {float(fraction):.2f}): no room for any KV cache")
-        return True, (f"weights {share / GIB:.1f} GiB per GPU leave {(usable - share) / GIB:.1f} GiB of the "
-                      f"static share for KV cache")
+            return False, (
+                f"weights {share / GIB:.1f} GiB per GPU at tp {tp} x pp {pp} exceed the "
+                f"{usable / GIB:.1f} GiB static share of one {per_gpu / GIB:.1f} GiB GPU "
+                f"(mem_fraction_static {float(fraction):.2f}): no room for any KV cache"
+            )
+        return True, (
+            f"weights {share / GIB:.1f} GiB per GPU leave {(usable - share) / GIB:.1f} GiB of the "
+            f"static share for KV cache"
+        )
     return True, "weight size unknown: the server's start-up decides"
 
 
@@ -125,13 +154,16 @@ def _estimate_for(settings, simulation):
         return {"output_tokens_per_s": None, "reason": simulation.get("reason")}
     found = match_estimate(simulation.get("candidates"), settings)
     if found is None:
-        return {"output_tokens_per_s": None,
-                "reason": "not among the simulator's top candidates for this length budget"}
+        return {
+            "output_tokens_per_s": None,
+            "reason": "not among the simulator's top candidates for this length budget",
+        }
     return dict(found, source=simulation.get("tool"))
 
 
-def sweep_layouts(requested, plan_serving, simulation, architecture, gpu, *, include_plan=True,
-                  simulator_top=3):
+def sweep_layouts(
+    requested, plan_serving, simulation, architecture, gpu, *, include_plan=True, simulator_top=3
+):
     """The layouts the sweep measures, in order, each with its feasibility and the simulator's estimate.
 
     `requested`: the inventory's list (empty: the simulator's `simulator_top` best candidates). The plan's
@@ -141,21 +173,32 @@ def sweep_layouts(requested, plan_serving, simulation, architecture, gpu, *, inc
     check_layouts(list(requested or []))
     entries = []
     if include_plan:
-        entries.append({"name": PLAN_LAYOUT, "settings": plan_layout_settings(plan_serving), "source": "plan"})
+        entries.append(
+            {"name": PLAN_LAYOUT, "settings": plan_layout_settings(plan_serving), "source": "plan"}
+        )
     if requested:
         for layout in requested:
-            entries.append({"name": layout["name"],
-                            "settings": {k: v for k, v in layout.items() if k in LAYOUT_KEYS and k != "name"},
-                            "source": "inventory"})
+            entries.append(
+                {
+                    "name": layout["name"],
+                    "settings": {k: v for k, v in layout.items() if k in LAYOUT_KEYS and k != "name"},
+                    "source": "inventory",
+                }
+            )
     elif simulation and simulation.get("covered"):
         for candidate in (simulation.get("candidates") or [])[:simulator_top]:
-            entries.append({"name": candidate["name"], "settings": dict(candidate["settings"]),
-                            "source": f"simulator rank {candidate['rank']}"})
+            entries.append(
+                {
+                    "name": candidate["name"],
+                    "settings": dict(candidate["settings"]),
+                    "source": f"simulator rank {candidate['rank']}",
+                }
+            )
     out, seen = [], {}
     for entry in entries:
         key = repr(sorted((k, repr(v)) for k, v in entry["settings"].items()))
         if key in seen:
-            seen[key]["also"] = seen[key].get("also", []) + [entry["name"]]
+            seen[key]["also"] = [*seen[key].get("also", []), entry["name"]]
             continue
         feasible, reason = feasibility(entry["settings"], architecture, gpu, plan_serving)
         entry.update(feasible=feasible, reason=reason, estimate=_estimate_for(entry["settings"], simulation))
@@ -175,8 +218,10 @@ def report_applies(report, architecture, gpu, backend):
     identity = inputs.get("model_identity") or {}
     mine = model_identity(architecture)
     if identity and identity != mine:
-        return False, (f"the sweep measured another model ({identity.get('model_type')}, "
-                       f"{identity.get('num_layers')} layers): run the sweep again for this one")
+        return False, (
+            f"the sweep measured another model ({identity.get('model_type')}, "
+            f"{identity.get('num_layers')} layers): run the sweep again for this one"
+        )
     gpus = int((gpu or {}).get("count") or 0)
     if inputs.get("gpu_count") is not None and int(inputs["gpu_count"]) != gpus:
         return False, f"the sweep ran on {inputs['gpu_count']} GPU(s), this host has {gpus}: run it again"
@@ -188,8 +233,10 @@ def report_applies(report, architecture, gpu, backend):
 def model_identity(architecture):
     """What identifies the model a sweep measured (the config's shape, not its path)."""
     arch = architecture or {}
-    return {key: arch.get(key) for key in ("model_type", "num_layers", "hidden_size", "vocab_size",
-                                           "weight_bytes")}
+    return {
+        key: arch.get(key)
+        for key in ("model_type", "num_layers", "hidden_size", "vocab_size", "weight_bytes")
+    }
 
 
 def apply_report(plan, report, overrides=None, architecture=None, gpu=None, backend=None):
@@ -210,8 +257,10 @@ def apply_report(plan, report, overrides=None, architecture=None, gpu=None, back
     settings = dict(rec.get("settings") or {})
     overridden = set(((overrides or {}).get("serving") or {}).keys())
     applied, kept = [], []
-    reason = (f"measured by the layout sweep: {rec['layout']} at concurrency {rec['concurrency']} gave "
-              f"{rec['output_tokens_per_s']:g} output tokens/s (artifacts/sweep/report.json)")
+    reason = (
+        f"measured by the layout sweep: {rec['layout']} at concurrency {rec['concurrency']} gave "
+        f"{rec['output_tokens_per_s']:g} output tokens/s (artifacts/sweep/report.json)"
+    )
     for key in PLAN_SERVING_KEYS:
         if key in settings:
             value = settings[key]
@@ -229,28 +278,40 @@ def apply_report(plan, report, overrides=None, architecture=None, gpu=None, back
         serving[key] = {"value": value, "reason": reason, "derived": derived}
         applied.append(key)
     if applied and isinstance(serving.get("sglang_args"), dict):
-        args = _rewrite_args(serving["sglang_args"].get("value") or [], {k: serving[k]["value"] for k in applied})
-        serving["sglang_args"] = {"value": args, "reason": "the values above as SGLang flags (after the sweep)"}
-    note = (f"{why}: {rec['layout']} ({rec['reason']})"
-            + (f"; applied to {', '.join(applied)}" if applied else "; the plan's values already match")
-            + (f"; kept the inventory's {', '.join(kept)}" if kept else ""))
+        args = _rewrite_args(
+            serving["sglang_args"].get("value") or [], {k: serving[k]["value"] for k in applied}
+        )
+        serving["sglang_args"] = {
+            "value": args,
+            "reason": "the values above as SGLang flags (after the sweep)",
+        }
+    note = (
+        f"{why}: {rec['layout']} ({rec['reason']})"
+        + (f"; applied to {', '.join(applied)}" if applied else "; the plan's values already match")
+        + (f"; kept the inventory's {', '.join(kept)}" if kept else "")
+    )
     serving["sweep"] = {
-        "value": {"layout": rec["layout"], "settings": settings, "concurrency": rec["concurrency"],
-                  "output_tokens_per_s": rec["output_tokens_per_s"], "applied": applied,
-                  "inputs_digest": report.get("inputs_digest")},
+        "value": {
+            "layout": rec["layout"],
+            "settings": settings,
+            "concurrency": rec["concurrency"],
+            "output_tokens_per_s": rec["output_tokens_per_s"],
+            "applied": applied,
+            "inputs_digest": report.get("inputs_digest"),
+        },
         "reason": note,
     }
     return plan
 
 
 def _rewrite_args(args, values):
-    """SGLang flags with the given plan values replaced (a size of 1 drops its flag, as the plan writes it)."""
+    """SGLang flags with these plan values replaced (a size of 1 drops its flag, as the plan writes it)."""
     out = list(args)
     for key, value in values.items():
         flag = _FLAGS[key]
         if flag in out:
             at = out.index(flag)
-            del out[at:at + 2]
+            del out[at : at + 2]
         if value is not None and not (key in PARALLEL_KEYS and key != "tp_size" and value == 1):
             out += [flag, str(value)]
     return out

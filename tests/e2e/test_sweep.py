@@ -38,7 +38,10 @@ def test_sweep_measures_records_failures_reports_and_is_reused(tmp_path: Path, d
         "layout_sweep_port": 30011,
         "layout_sweep_layouts": [
             {"name": "torch-threads-1", "environment": {"OMP_NUM_THREADS": "1"}},
-            {"name": "bad-flag", "extra_args": ["--no-such-flag"]},  # fault injection: the server exits at start
+            {
+                "name": "bad-flag",
+                "extra_args": ["--no-such-flag"],
+            },  # fault injection: the server exits at start
             {"name": "tp2", "tp_size": 2},
         ],
     }
@@ -62,15 +65,22 @@ def test_sweep_measures_records_failures_reports_and_is_reused(tmp_path: Path, d
     broken = by_name["bad-flag"]
     assert broken["status"] == "failed" and "is not ready" in broken["reason"]
     assert broken["diagnosis"] and broken["log_tail"], broken
-    assert by_name["tp2"]["status"] == "infeasible" and by_name["tp2"]["reason"].startswith("no GPU on this host")
+    assert by_name["tp2"]["status"] == "infeasible" and by_name["tp2"]["reason"].startswith(
+        "no GPU on this host"
+    )
     rec = report["recommended"]
     assert rec["layout"] in ("plan", "torch-threads-1") and rec["concurrency"] in (1, 2)
     # The simulator does not cover a CPU: every layout says why it has no estimate.
     assert all(lay["estimate"]["output_tokens_per_s"] is None for lay in report["layouts"])
 
     table = (out / "report.md").read_text()
-    assert f"**Recommended for the generate stage: `{rec['layout']}` at concurrency {rec['concurrency']}**" in table
-    assert len(re.findall(r"^\| `(plan|torch-threads-1)` .* \| measured \| [12] \| ", table, re.MULTILINE)) == 4
+    assert (
+        f"**Recommended for the generate stage: `{rec['layout']}` at concurrency {rec['concurrency']}**"
+        in table
+    )
+    assert (
+        len(re.findall(r"^\| `(plan|torch-threads-1)` .* \| measured \| [12] \| ", table, re.MULTILINE)) == 4
+    )
     assert "- `bad-flag` failed:" in table and "- `tp2` infeasible:" in table
     for name in report["plots"].values():
         width, height = _png(out / name)

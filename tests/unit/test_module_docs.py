@@ -160,6 +160,11 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         facts = tmp_path / "model_facts.json"
         facts.write_text(json.dumps({"plan": {"serving": {"tp_size": {"value": 1, "reason": "r"}}}}))
         return {"path": str(facts)}
+    if name == "layout_simulation_info":
+        architecture = run_module("model_config_info", {"path": kimi}, capsys)["architecture"]
+        return {"architecture": architecture, "gpu": KIMI_FACTS["environment"]["gpu"]}
+    if name == "sweep_layouts_info":
+        return {"facts": KIMI_FACTS, "layouts": [{"name": "tp4", "tp_size": 4}]}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 

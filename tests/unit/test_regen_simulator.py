@@ -49,9 +49,15 @@ def test_the_recorded_kimi_k25_ranking_parses_into_sglang_layouts() -> None:
 
 
 def test_the_issues_own_command_answer_parses_too() -> None:
-    rows = parse_best_configs((FIXTURES / "kimi-k2.5_rtx_pro_6000_server_issue_command.best_config_topn.csv").read_text())
-    assert [r["parallel"] for r in rows] == ["tp8pp1dp1etp8ep1", "tp8pp1dp1etp4ep2", "tp8pp1dp1etp2ep4",
-                                            "tp8pp1dp1etp1ep8"]
+    rows = parse_best_configs(
+        (FIXTURES / "kimi-k2.5_rtx_pro_6000_server_issue_command.best_config_topn.csv").read_text()
+    )
+    assert [r["parallel"] for r in rows] == [
+        "tp8pp1dp1etp8ep1",
+        "tp8pp1dp1etp4ep2",
+        "tp8pp1dp1etp2ep4",
+        "tp8pp1dp1etp1ep8",
+    ]
     assert rows[0]["isl"] == 4000 and rows[0]["osl"] == 1000
 
 
@@ -82,7 +88,9 @@ def test_coverage_by_gpu_system_and_architecture() -> None:
 
 def test_the_refusals_aiconfigurator_really_printed_become_the_reason() -> None:
     demo = failure_reason((FIXTURES / "demo-model_unsupported_architecture.stderr.txt").read_text())
-    assert demo.startswith("ValueError: The model's architecture KimiK25DemoForConditionalGeneration is not supported")
+    assert demo.startswith(
+        "ValueError: The model's architecture KimiK25DemoForConditionalGeneration is not supported"
+    )
     cpu = failure_reason((FIXTURES / "cpu_system_unsupported.stdout.txt").read_text())
     assert cpu.startswith("Backend sglang is not supported for system cpu")
 
@@ -97,13 +105,22 @@ def test_command_line_is_the_aggregated_search_of_the_length_budget() -> None:
 
 def test_plan_entry_records_the_estimate_beside_the_plans_choice() -> None:
     rows = parse_best_configs(AGG.read_text())
-    simulation = {"covered": True, "system": "rtx_pro_6000_server", "isl": 1024, "osl": 4096, "candidates": rows,
-                  "tool": "aiconfigurator 0.12.0"}
+    simulation = {
+        "covered": True,
+        "system": "rtx_pro_6000_server",
+        "isl": 1024,
+        "osl": 4096,
+        "candidates": rows,
+        "tool": "aiconfigurator 0.12.0",
+    }
     entry = plan_entry(simulation, {"tp_size": 8, "ep_size": 8, "attn_dp_size": 1})
     assert entry["value"]["plan_layout_estimate"]["rank"] == 9
     assert entry["value"]["top"]["name"] == "tp8-ep1-adp2"
     assert "369.496 output tokens/s for the plan's tp8-ep8 (rank 9)" in entry["reason"]
     fallback = plan_entry({"covered": False, "reason": "no NVIDIA GPU"}, {"tp_size": 1})
     assert fallback["value"] is None
-    assert fallback["reason"] == "not covered by aiconfigurator 0.12.0: no NVIDIA GPU; the plan's own rules decide"
+    assert (
+        fallback["reason"]
+        == "not covered by aiconfigurator 0.12.0: no NVIDIA GPU; the plan's own rules decide"
+    )
     assert plan_entry(None, {})["value"] is None

@@ -20,9 +20,17 @@ from ansible.module_utils.regen_sweep import (
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024**2
-RTX = {"count": 8, "names": ["NVIDIA RTX PRO 6000 Blackwell Server Edition"], "memory_per_gpu_bytes": 97887 * MIB,
-       "compute_capabilities": ["12.0"], "interconnect": "pcie"}
-AGG = ROOT / "tests/fixtures/aiconfigurator/kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv"
+RTX = {
+    "count": 8,
+    "names": ["NVIDIA RTX PRO 6000 Blackwell Server Edition"],
+    "memory_per_gpu_bytes": 97887 * MIB,
+    "compute_capabilities": ["12.0"],
+    "interconnect": "pcie",
+}
+AGG = (
+    ROOT
+    / "tests/fixtures/aiconfigurator/kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +51,10 @@ def test_feasibility_by_gpu_count_divisibility_and_weights(kimi) -> None:
     assert not ok and "exceed the" in why and "no room for any KV cache" in why
     ok, why = feasibility({"tp_size": 2}, kimi, {"count": 0})
     assert not ok and why.startswith("no GPU on this host")
-    assert feasibility({"environment": {"OMP_NUM_THREADS": "1"}}, kimi, {"count": 0}) == (True, "one CPU process")
+    assert feasibility({"environment": {"OMP_NUM_THREADS": "1"}}, kimi, {"count": 0}) == (
+        True,
+        "one CPU process",
+    )
 
 
 def test_layouts_are_the_plans_then_the_simulators_best_with_estimates(kimi) -> None:
@@ -51,8 +62,12 @@ def test_layouts_are_the_plans_then_the_simulators_best_with_estimates(kimi) -> 
     simulation = {"covered": True, "candidates": candidates, "tool": "aiconfigurator 0.12.0"}
     plan = plan_values(make_plan(kimi, None, RTX))["serving"]
     layouts = sweep_layouts([], plan, simulation, kimi, RTX, simulator_top=3)
-    assert [lay["name"] for lay in layouts][0] == "plan"
-    assert [lay["source"] for lay in layouts][1:] == ["simulator rank 1", "simulator rank 2", "simulator rank 3"]
+    assert layouts[0]["name"] == "plan"
+    assert [lay["source"] for lay in layouts][1:] == [
+        "simulator rank 1",
+        "simulator rank 2",
+        "simulator rank 3",
+    ]
     assert layouts[1]["settings"] == {"tp_size": 8, "ep_size": 1, "attn_dp_size": 2}
     assert layouts[1]["estimate"]["output_tokens_per_s"] == pytest.approx(466.468)
     # The plan's own layout gets its estimate too, when the simulator ranked it.
@@ -73,7 +88,7 @@ def test_inventory_layouts_duplicates_and_infeasible_ones(kimi) -> None:
 def test_malformed_layouts_are_refused_naming_the_fix() -> None:
     with pytest.raises(LayoutError, match=r"\[0\]\.name must be a short name"):
         check_layouts([{"name": "a b"}])
-    with pytest.raises(LayoutError, match="unknown key.*tp"):
+    with pytest.raises(LayoutError, match=r"unknown key.*tp"):
         check_layouts([{"name": "x", "tp": 8}])
     with pytest.raises(LayoutError, match="tp_size must be an integer >= 1"):
         check_layouts([{"name": "x", "tp_size": 0}])
@@ -87,8 +102,13 @@ def _report(arch, gpu_count=8, backend="sglang", layout="tp8-ep1-adp2", settings
     return {
         "inputs_digest": "abc",
         "inputs": {"model_identity": model_identity(arch), "gpu_count": gpu_count, "backend": backend},
-        "recommended": {"layout": layout, "settings": settings or {"tp_size": 8, "ep_size": 1, "attn_dp_size": 2},
-                        "concurrency": 32, "output_tokens_per_s": 512.5, "reason": "the most output tokens/s"},
+        "recommended": {
+            "layout": layout,
+            "settings": settings or {"tp_size": 8, "ep_size": 1, "attn_dp_size": 2},
+            "concurrency": 32,
+            "output_tokens_per_s": 512.5,
+            "reason": "the most output tokens/s",
+        },
     }
 
 
@@ -98,7 +118,9 @@ def test_a_matching_report_replaces_the_plans_layout_and_says_so(kimi) -> None:
     swept = apply_report(plan, _report(kimi), {}, kimi, RTX, "sglang")
     serving = swept["serving"]
     assert serving["ep_size"] == {"value": 1, "reason": serving["ep_size"]["reason"], "derived": 8}
-    assert serving["ep_size"]["reason"].startswith("measured by the layout sweep: tp8-ep1-adp2 at concurrency 32")
+    assert serving["ep_size"]["reason"].startswith(
+        "measured by the layout sweep: tp8-ep1-adp2 at concurrency 32"
+    )
     assert serving["attn_dp_size"]["value"] == 2
     assert serving["sweep"]["value"]["concurrency"] == 32
     assert sorted(serving["sweep"]["value"]["applied"]) == ["attn_dp_size", "ep_size"]
@@ -115,11 +137,14 @@ def test_the_inventory_override_wins_over_the_sweep(kimi) -> None:
     assert "kept the inventory's ep_size" in swept["serving"]["sweep"]["reason"]
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    ({"gpu_count": 4}, "the sweep ran on 4 GPU(s), this host has 8"),
-    ({"backend": "transformers"}, "measured the transformers server"),
-    ({"model_type": "deepseek_v3"}, "the sweep measured another model"),
-])
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"gpu_count": 4}, "the sweep ran on 4 GPU(s), this host has 8"),
+        ({"backend": "transformers"}, "measured the transformers server"),
+        ({"model_type": "deepseek_v3"}, "the sweep measured another model"),
+    ],
+)
 def test_a_report_for_another_host_or_model_is_not_applied(kimi, change, words) -> None:
     report = _report(kimi, gpu_count=change.get("gpu_count", 8), backend=change.get("backend", "sglang"))
     if "model_type" in change:
@@ -139,8 +164,13 @@ def test_no_report_or_no_recommendation_leaves_the_plan(kimi) -> None:
 
 def test_a_cpu_recommendation_carries_its_server_settings(kimi) -> None:
     cpu = {"count": 0}
-    report = _report(kimi, gpu_count=0, backend="transformers", layout="torch-threads-1",
-                     settings={"environment": {"OMP_NUM_THREADS": "1"}})
+    report = _report(
+        kimi,
+        gpu_count=0,
+        backend="transformers",
+        layout="torch-threads-1",
+        settings={"environment": {"OMP_NUM_THREADS": "1"}},
+    )
     swept = apply_report(make_plan(kimi, None, cpu), report, {}, kimi, cpu, "transformers")
     sweep = swept["serving"]["sweep"]["value"]
     assert sweep["settings"]["environment"] == {"OMP_NUM_THREADS": "1"} and sweep["applied"] == []

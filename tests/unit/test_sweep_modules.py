@@ -20,7 +20,11 @@ from tests.helpers.modules import run_module
 ROOT = Path(__file__).resolve().parents[2]
 KIMI_DIR = ROOT / "tests" / "fixtures" / "configs" / "kimi-k2.5"
 AICONFIGURATOR = ROOT / ".cache" / "aiconfigurator-0.12.0"
-RTX = {"count": 8, "names": ["NVIDIA RTX PRO 6000 Blackwell Server Edition"], "memory_per_gpu_bytes": 97887 * 2**20}
+RTX = {
+    "count": 8,
+    "names": ["NVIDIA RTX PRO 6000 Blackwell Server Edition"],
+    "memory_per_gpu_bytes": 97887 * 2**20,
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +33,9 @@ def kimi() -> dict:
 
 
 def test_no_gpu_is_not_covered_and_runs_nothing(kimi, capsys) -> None:
-    out = run_module("layout_simulation_info", {"architecture": kimi, "gpu": {"count": 0}, "run": True}, capsys)
+    out = run_module(
+        "layout_simulation_info", {"architecture": kimi, "gpu": {"count": 0}, "run": True}, capsys
+    )
     assert out["changed"] is False and out["simulation"]["covered"] is False
     assert "NVIDIA GPU systems only" in out["simulation"]["reason"]
 
@@ -42,40 +48,72 @@ def test_a_failing_simulator_is_reported_not_raised(kimi, capsys, tmp_path: Path
     stub.write_text(f"#!/bin/sh\ncat {tmp_path / 'refusal.txt'}\nexit 1\n")
     stub.chmod(0o755)
     config = json.loads((KIMI_DIR / "config.json").read_text())
-    out = run_module("layout_simulation_info", {"architecture": kimi, "gpu": RTX, "config": config, "run": True,
-                                                "bin_dir": str(stub.parent)}, capsys)
+    out = run_module(
+        "layout_simulation_info",
+        {"architecture": kimi, "gpu": RTX, "config": config, "run": True, "bin_dir": str(stub.parent)},
+        capsys,
+    )
     sim = out["simulation"]
     assert sim["covered"] is False
-    assert sim["reason"].startswith("aiconfigurator 0.12.0 gave no answer (exit 1): Backend sglang is not supported")
+    assert sim["reason"].startswith(
+        "aiconfigurator 0.12.0 gave no answer (exit 1): Backend sglang is not supported"
+    )
 
 
 def test_a_missing_venv_fails_naming_the_role_that_builds_it(kimi, capsys, tmp_path: Path) -> None:
-    out = run_module("layout_simulation_info", {"architecture": kimi, "gpu": RTX, "config": {"a": 1}, "run": True,
-                                                "bin_dir": str(tmp_path)}, capsys)
+    out = run_module(
+        "layout_simulation_info",
+        {"architecture": kimi, "gpu": RTX, "config": {"a": 1}, "run": True, "bin_dir": str(tmp_path)},
+        capsys,
+    )
     assert out["failed"] and "role serving_simulator" in out["msg"]
 
 
-@pytest.mark.skipif(not (AICONFIGURATOR / "bin" / "aiconfigurator").exists(),
-                    reason="the aiconfigurator venv is not built (.cache/aiconfigurator-0.12.0; see the docstring)")
+@pytest.mark.skipif(
+    not (AICONFIGURATOR / "bin" / "aiconfigurator").exists(),
+    reason="the aiconfigurator venv is not built (.cache/aiconfigurator-0.12.0; see the docstring)",
+)
 def test_the_real_simulator_ranks_kimi_k25_on_rtx_pro_6000(kimi, capsys) -> None:
     config = json.loads((KIMI_DIR / "config.json").read_text())
-    out = run_module("layout_simulation_info", {"architecture": kimi, "gpu": RTX, "config": config, "run": True,
-                                                "bin_dir": str(AICONFIGURATOR / "bin"), "isl": 1024, "osl": 4096},
-                     capsys)
+    out = run_module(
+        "layout_simulation_info",
+        {
+            "architecture": kimi,
+            "gpu": RTX,
+            "config": config,
+            "run": True,
+            "bin_dir": str(AICONFIGURATOR / "bin"),
+            "isl": 1024,
+            "osl": 4096,
+        },
+        capsys,
+    )
     sim = out["simulation"]
     assert sim["covered"] and sim["system"] == "rtx_pro_6000_server"
-    recorded = (ROOT / "tests/fixtures/aiconfigurator/"
-                "kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv").read_text()
+    recorded = (
+        ROOT / "tests/fixtures/aiconfigurator/"
+        "kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv"
+    ).read_text()
     from ansible.module_utils.regen_simulator import parse_best_configs
 
     assert [c["parallel"] for c in sim["candidates"]] == [r["parallel"] for r in parse_best_configs(recorded)]
 
 
 def test_sweep_layouts_info_lists_and_checks(kimi, capsys) -> None:
-    facts = {"architecture": kimi, "environment": {"gpu": RTX}, "plan": {"serving": {
-        "tp_size": {"value": 8, "reason": "r"}, "ep_size": {"value": 8, "reason": "r"},
-        "simulator_estimate": {"value": None, "reason": "not covered by aiconfigurator 0.12.0: x"}}}}
-    out = run_module("sweep_layouts_info", {"facts": facts, "layouts": [{"name": "tp16", "tp_size": 16}]}, capsys)
+    facts = {
+        "architecture": kimi,
+        "environment": {"gpu": RTX},
+        "plan": {
+            "serving": {
+                "tp_size": {"value": 8, "reason": "r"},
+                "ep_size": {"value": 8, "reason": "r"},
+                "simulator_estimate": {"value": None, "reason": "not covered by aiconfigurator 0.12.0: x"},
+            }
+        },
+    }
+    out = run_module(
+        "sweep_layouts_info", {"facts": facts, "layouts": [{"name": "tp16", "tp_size": 16}]}, capsys
+    )
     assert [lay["name"] for lay in out["layouts"]] == ["plan", "tp16"]
     assert out["layouts"][0]["settings"] == {"tp_size": 8, "ep_size": 8}
     assert out["layouts"][1]["feasible"] is False and out["gpu_count"] == 8
@@ -87,14 +125,31 @@ def test_sweep_layouts_info_lists_and_checks(kimi, capsys) -> None:
 def test_model_plan_info_records_the_estimate_and_applies_a_report(kimi, capsys) -> None:
     from ansible.module_utils.regen_sweep import model_identity
 
-    report = {"inputs_digest": "d", "inputs": {"model_identity": model_identity(kimi), "gpu_count": 8,
-                                               "backend": "sglang"},
-              "recommended": {"layout": "tp8-ep1-adp2", "settings": {"tp_size": 8, "attn_dp_size": 2},
-                              "concurrency": 16, "output_tokens_per_s": 400.0, "reason": "best"}}
-    out = run_module("model_plan_info", {"architecture": kimi, "gpu": RTX, "sweep_report": report,
-                                         "backend": "sglang",
-                                         "simulation": {"covered": False, "reason": "off for the test"}}, capsys)
+    report = {
+        "inputs_digest": "d",
+        "inputs": {"model_identity": model_identity(kimi), "gpu_count": 8, "backend": "sglang"},
+        "recommended": {
+            "layout": "tp8-ep1-adp2",
+            "settings": {"tp_size": 8, "attn_dp_size": 2},
+            "concurrency": 16,
+            "output_tokens_per_s": 400.0,
+            "reason": "best",
+        },
+    }
+    out = run_module(
+        "model_plan_info",
+        {
+            "architecture": kimi,
+            "gpu": RTX,
+            "sweep_report": report,
+            "backend": "sglang",
+            "simulation": {"covered": False, "reason": "off for the test"},
+        },
+        capsys,
+    )
     serving = out["plan"]["serving"]
     assert serving["ep_size"]["value"] == 1 and serving["ep_size"]["derived"] == 8
     assert out["plan_values"]["serving"]["sweep"]["concurrency"] == 16
-    assert serving["simulator_estimate"]["reason"].startswith("not covered by aiconfigurator 0.12.0: off for the test")
+    assert serving["simulator_estimate"]["reason"].startswith(
+        "not covered by aiconfigurator 0.12.0: off for the test"
+    )

@@ -45,8 +45,12 @@ def test_distribution_is_in_milliseconds_and_skips_missing_values() -> None:
 
 
 def _record(ttft: float, latency: float, tokens: int) -> dict:
-    return {"ttft_s": ttft, "latency_s": latency, "output_tokens": tokens,
-            "tpot_s": (latency - ttft) / (tokens - 1) if tokens > 1 else None}
+    return {
+        "ttft_s": ttft,
+        "latency_s": latency,
+        "output_tokens": tokens,
+        "tpot_s": (latency - ttft) / (tokens - 1) if tokens > 1 else None,
+    }
 
 
 def test_level_throughput_is_total_output_over_wall_time() -> None:
@@ -74,14 +78,29 @@ def test_a_real_bench_serving_record_reads_as_a_level() -> None:
 
 
 def _layout(name: str, *levels: tuple[int, float, int, float]) -> dict:
-    return {"name": name, "status": "measured", "settings": {"tp_size": 8}, "levels": [
-        {"concurrency": c, "output_tokens_per_s": tps, "failed": failed, "completed": 4,
-         "ttft_ms": {"p90": ttft}, "tpot_ms": {"p90": 10.0}} for c, tps, failed, ttft in levels]}
+    return {
+        "name": name,
+        "status": "measured",
+        "settings": {"tp_size": 8},
+        "levels": [
+            {
+                "concurrency": c,
+                "output_tokens_per_s": tps,
+                "failed": failed,
+                "completed": 4,
+                "ttft_ms": {"p90": ttft},
+                "tpot_ms": {"p90": 10.0},
+            }
+            for c, tps, failed, ttft in levels
+        ],
+    }
 
 
 def test_recommend_takes_the_most_output_tokens_per_second() -> None:
-    layouts = [_layout("plan", (1, 10.0, 0, 50.0), (8, 40.0, 0, 400.0)),
-               _layout("tp4-dp2", (1, 12.0, 0, 40.0), (8, 55.0, 0, 900.0))]
+    layouts = [
+        _layout("plan", (1, 10.0, 0, 50.0), (8, 40.0, 0, 400.0)),
+        _layout("tp4-dp2", (1, 12.0, 0, 40.0), (8, 55.0, 0, 900.0)),
+    ]
     rec = recommend(layouts)
     assert (rec["layout"], rec["concurrency"], rec["output_tokens_per_s"]) == ("tp4-dp2", 8, 55.0)
     assert rec["settings"] == {"tp_size": 8}
@@ -92,8 +111,11 @@ def test_recommend_takes_the_most_output_tokens_per_second() -> None:
 
 
 def test_recommend_skips_levels_with_failures_and_layouts_not_measured() -> None:
-    layouts = [_layout("broken", (8, 99.0, 1, 10.0)), {"name": "dead", "status": "failed", "levels": []},
-               _layout("plan", (1, 5.0, 0, 10.0))]
+    layouts = [
+        _layout("broken", (8, 99.0, 1, 10.0)),
+        {"name": "dead", "status": "failed", "levels": []},
+        _layout("plan", (1, 5.0, 0, 10.0)),
+    ]
     assert recommend(layouts)["layout"] == "plan"
     none = recommend([layouts[0], layouts[1]])
     assert none["layout"] is None and "broken@8: 1 failed" in none["reason"]

@@ -61,9 +61,17 @@ def test_sse_edge_cases() -> None:
 
 
 def test_the_streamed_body_is_the_generation_jobs_body_plus_stream() -> None:
-    body = streaming_body({"model": "m", "max_tokens": 8, "temperature": 0.0}, [{"role": "user", "content": "x"}])
-    assert body == {"model": "m", "max_tokens": 8, "temperature": 0.0, "messages": [{"role": "user", "content": "x"}],
-                    "stream": True, "stream_options": {"include_usage": True}}
+    body = streaming_body(
+        {"model": "m", "max_tokens": 8, "temperature": 0.0}, [{"role": "user", "content": "x"}]
+    )
+    assert body == {
+        "model": "m",
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 @pytest.fixture(scope="module")

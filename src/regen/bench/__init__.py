@@ -1,1 +1,1 @@
-"""Benchmark logic of the layout sweep: statistics, SGLang's bench_serving, the report (see regen.jobs.sweep)."""
+"""The layout sweep's benchmark logic: statistics, SGLang's bench_serving, the report (regen.jobs.sweep)."""

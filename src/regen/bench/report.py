@@ -20,8 +20,14 @@ PLOTS = {
 }
 
 
-def build_report(layouts: Sequence[Mapping[str, Any]], *, inputs: Mapping[str, Any], inputs_digest: str,
-                 max_ttft_ms: float | None = None, max_tpot_ms: float | None = None) -> dict[str, Any]:
+def build_report(
+    layouts: Sequence[Mapping[str, Any]],
+    *,
+    inputs: Mapping[str, Any],
+    inputs_digest: str,
+    max_ttft_ms: float | None = None,
+    max_tpot_ms: float | None = None,
+) -> dict[str, Any]:
     """The report document. `layouts`: one result per layout as `regen.jobs.sweep` wrote it (status
     measured / failed / infeasible), each with its `estimate` (the simulator's figures or why there are
     none). `inputs`: what the sweep measured with (model, request mix, concurrencies), recorded as is."""
@@ -30,11 +36,15 @@ def build_report(layouts: Sequence[Mapping[str, Any]], *, inputs: Mapping[str, A
         best = best_level(layout) if layout.get("status") == "measured" else None
         estimate = layout.get("estimate") or {}
         estimated = estimate.get("output_tokens_per_s")
-        rows.append({
-            **dict(layout),
-            "best": dict(best) if best else None,
-            "measured_vs_estimated": estimate_ratio(best["output_tokens_per_s"] if best else None, estimated),
-        })
+        rows.append(
+            {
+                **dict(layout),
+                "best": dict(best) if best else None,
+                "measured_vs_estimated": estimate_ratio(
+                    best["output_tokens_per_s"] if best else None, estimated
+                ),
+            }
+        )
     return {
         "schema_version": SCHEMA_VERSION,
         "inputs_digest": inputs_digest,
@@ -109,8 +119,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         settings = _settings_text(layout.get("settings") or {})
         estimate = layout.get("estimate") or {}
         if layout.get("status") != "measured":
-            lines.append(f"| {name} | {settings} | {layout.get('status')} | — | — | — | — | "
-                         f"{_estimate_text(estimate)} | — |")
+            lines.append(
+                f"| {name} | {settings} | {layout.get('status')} | — | — | — | — | "
+                f"{_estimate_text(estimate)} | — |"
+            )
             notes.append(f"- `{layout['name']}` {layout.get('status')}: {layout.get('reason')}")
             cause = (layout.get("diagnosis") or {}).get("summary")
             if cause:
@@ -126,8 +138,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 + f" | {level['concurrency']} | {_fmt(level['output_tokens_per_s'])} | "
                 f"{_fmt(ttft.get('p50'))} / {_fmt(ttft.get('p90'))} / {_fmt(ttft.get('p99'))} | "
                 f"{_fmt(tpot.get('p50'))} / {_fmt(tpot.get('p90'))} / {_fmt(tpot.get('p99'))} | "
-                + (f"{_estimate_text(estimate)} | {_fmt(layout.get('measured_vs_estimated'), 2)} |"
-                   if is_best else "| |")
+                + (
+                    f"{_estimate_text(estimate)} | {_fmt(layout.get('measured_vs_estimated'), 2)} |"
+                    if is_best
+                    else "| |"
+                )
             )
         if estimate and estimate.get("output_tokens_per_s") is None and estimate.get("reason"):
             notes.append(f"- `{layout['name']}` has no simulator estimate: {estimate['reason']}")
@@ -135,9 +150,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines += ["", *notes]
     plots = report.get("plots") or {}
     lines += ["", "## Plots", ""]
-    for title, key in (("Output throughput against concurrency", "throughput"),
-                       ("Latency percentiles", "latency"),
-                       ("Measured against the simulator's estimate", "estimate")):
+    for title, key in (
+        ("Output throughput against concurrency", "throughput"),
+        ("Latency percentiles", "latency"),
+        ("Measured against the simulator's estimate", "estimate"),
+    ):
         if key in plots:
             lines += [f"### {title}", "", f"![{title}]({plots[key]})", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -156,8 +173,12 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for layout in measured:
         levels = sorted(layout.get("levels") or [], key=lambda lv: lv["concurrency"])
-        ax.plot([lv["concurrency"] for lv in levels], [lv["output_tokens_per_s"] for lv in levels],
-                marker="o", label=layout["name"])
+        ax.plot(
+            [lv["concurrency"] for lv in levels],
+            [lv["output_tokens_per_s"] for lv in levels],
+            marker="o",
+            label=layout["name"],
+        )
     _concurrency_ticks(ax, measured)
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
@@ -166,16 +187,23 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[str]:
     written.append(_save(fig, out_dir / PLOTS["throughput"]))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, metric, title in ((axes[0], "ttft_ms", "time to first token"), (axes[1], "tpot_ms",
-                                                                             "time per output token")):
+    for ax, metric, title in (
+        (axes[0], "ttft_ms", "time to first token"),
+        (axes[1], "tpot_ms", "time per output token"),
+    ):
         for layout in measured:
             levels = sorted(layout.get("levels") or [], key=lambda lv: lv["concurrency"])
             xs = [lv["concurrency"] for lv in levels]
             for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
                 ys = [(lv.get(metric) or {}).get(q) for lv in levels]
                 if any(y is not None for y in ys):
-                    ax.plot(xs, [y if y is not None else float("nan") for y in ys], style, marker=".",
-                            label=f"{layout['name']} {q}")
+                    ax.plot(
+                        xs,
+                        [y if y is not None else float("nan") for y in ys],
+                        style,
+                        marker=".",
+                        label=f"{layout['name']} {q}",
+                    )
         _concurrency_ticks(ax, measured)
         ax.set_xlabel("concurrency")
         ax.set_ylabel("ms")
@@ -185,10 +213,12 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     names = [lay["name"] for lay in report.get("layouts") or []]
-    measured_values = [((lay.get("best") or {}).get("output_tokens_per_s") or 0.0)
-                       for lay in report.get("layouts") or []]
-    estimated_values = [((lay.get("estimate") or {}).get("output_tokens_per_s") or 0.0)
-                        for lay in report.get("layouts") or []]
+    measured_values = [
+        ((lay.get("best") or {}).get("output_tokens_per_s") or 0.0) for lay in report.get("layouts") or []
+    ]
+    estimated_values = [
+        ((lay.get("estimate") or {}).get("output_tokens_per_s") or 0.0) for lay in report.get("layouts") or []
+    ]
     xs = list(range(len(names)))
     ax.bar([x - 0.2 for x in xs], measured_values, width=0.4, label="measured (best level)")
     ax.bar([x + 0.2 for x in xs], estimated_values, width=0.4, label="simulator estimate")
@@ -198,8 +228,15 @@ def write_plots(report: Mapping[str, Any], out_dir: Path) -> list[str]:
     if not any(estimated_values):
         reasons = {(lay.get("estimate") or {}).get("reason") for lay in report.get("layouts") or []}
         reason = next((r for r in reasons if r), "no estimate")
-        ax.text(0.5, 0.9, _wrap(f"no simulator estimate: {reason}"), transform=ax.transAxes, ha="center",
-                va="top", fontsize=8)
+        ax.text(
+            0.5,
+            0.9,
+            _wrap(f"no simulator estimate: {reason}"),
+            transform=ax.transAxes,
+            ha="center",
+            va="top",
+            fontsize=8,
+        )
     ax.legend(fontsize=8)
     written.append(_save(fig, out_dir / PLOTS["estimate"]))
     plt.close("all")

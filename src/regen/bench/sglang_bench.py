@@ -30,8 +30,15 @@ def sharegpt_rows(messages_list: Sequence[Sequence[dict[str, str]]]) -> list[dic
         user = [m["content"] for m in messages if m.get("role") == "user"]
         if not user:
             continue
-        rows.append({"id": f"regen-{index}", "conversations": [
-            {"from": "human", "value": user[-1]}, {"from": "gpt", "value": "(answer length set by the sweep)"}]})
+        rows.append(
+            {
+                "id": f"regen-{index}",
+                "conversations": [
+                    {"from": "human", "value": user[-1]},
+                    {"from": "gpt", "value": "(answer length set by the sweep)"},
+                ],
+            }
+        )
     return rows
 
 
@@ -41,9 +48,20 @@ def write_dataset(path: Path, messages_list: Sequence[Sequence[dict[str, str]]])
     return len(rows)
 
 
-def bench_serving_argv(*, python: str, base_url: str, served_model: str, tokenizer: str, dataset: str,
-                       num_prompts: int, max_tokens: int, concurrency: int, output_file: str,
-                       seed: int = 0, extra_args: Sequence[str] = ()) -> list[str]:
+def bench_serving_argv(
+    *,
+    python: str,
+    base_url: str,
+    served_model: str,
+    tokenizer: str,
+    dataset: str,
+    num_prompts: int,
+    max_tokens: int,
+    concurrency: int,
+    output_file: str,
+    seed: int = 0,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
     """The bench_serving command line for one concurrency level (validated by SGLang 0.5.23's parser in the
     tests). `--ready-check-timeout-sec 0`: the sweep has already waited for readiness and the quality
     gate, and bench_serving's own probe would send an extra request into the measurement."""
@@ -51,21 +69,36 @@ def bench_serving_argv(*, python: str, base_url: str, served_model: str, tokeniz
         # bench_serving itself refuses an output length below 4 ("output_len too small").
         raise ValueError("concurrency and num_prompts must be >= 1 and max_tokens >= 4 for bench_serving")
     return [
-        python, "-m", MODULE,
-        "--backend", "sglang-oai-chat",
-        "--base-url", base_url,
-        "--model", served_model,
-        "--tokenizer", tokenizer,
-        "--dataset-name", "sharegpt",
-        "--dataset-path", dataset,
-        "--num-prompts", str(num_prompts),
-        "--sharegpt-output-len", str(max_tokens),
-        "--max-concurrency", str(concurrency),
-        "--request-rate", "inf",
-        "--ready-check-timeout-sec", "0",
-        "--seed", str(seed),
+        python,
+        "-m",
+        MODULE,
+        "--backend",
+        "sglang-oai-chat",
+        "--base-url",
+        base_url,
+        "--model",
+        served_model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        dataset,
+        "--num-prompts",
+        str(num_prompts),
+        "--sharegpt-output-len",
+        str(max_tokens),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--ready-check-timeout-sec",
+        "0",
+        "--seed",
+        str(seed),
         "--disable-tqdm",
-        "--output-file", output_file,
+        "--output-file",
+        output_file,
         *extra_args,
     ]
 

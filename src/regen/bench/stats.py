@@ -47,8 +47,9 @@ def distribution_ms(values_s: Iterable[float | None]) -> dict[str, float | None]
     return out
 
 
-def summarize_level(concurrency: int, records: Sequence[Mapping[str, Any]], duration_s: float,
-                    failures: Sequence[str] = ()) -> dict[str, Any]:
+def summarize_level(
+    concurrency: int, records: Sequence[Mapping[str, Any]], duration_s: float, failures: Sequence[str] = ()
+) -> dict[str, Any]:
     """One concurrency level: throughput over the level's wall time and the latency distributions.
 
     `records`: the completed requests (`ttft_s`, `tpot_s`, `latency_s`, `output_tokens`); `failures`: the
@@ -80,8 +81,9 @@ def level_from_bench_serving(result: Mapping[str, Any]) -> dict[str, Any]:
     bench_serving reports mean/median/p90/p95/p99 per metric in ms (`median_ttft_ms`, `p99_tpot_ms`, ...),
     `output_throughput` in tokens/s and `max_concurrency`; its median is the p50 here.
     """
-    missing = [key for key in ("max_concurrency", "completed", "duration", "output_throughput")
-               if key not in result]
+    missing = [
+        key for key in ("max_concurrency", "completed", "duration", "output_throughput") if key not in result
+    ]
     if missing:
         raise ValueError(f"not a bench_serving result record: no {', '.join(missing)}")
 
@@ -90,8 +92,12 @@ def level_from_bench_serving(result: Mapping[str, Any]) -> dict[str, Any]:
             value = result.get(key)
             return round(float(value), 2) if isinstance(value, int | float) else None
 
-        return {"mean": get(f"mean_{metric}_ms"), "p50": get(f"median_{metric}_ms"),
-                "p90": get(f"p90_{metric}_ms"), "p99": get(f"p99_{metric}_ms")}
+        return {
+            "mean": get(f"mean_{metric}_ms"),
+            "p50": get(f"median_{metric}_ms"),
+            "p90": get(f"p90_{metric}_ms"),
+            "p99": get(f"p99_{metric}_ms"),
+        }
 
     completed = int(result["completed"])
     requests = int(result.get("num_prompts") or completed)
@@ -123,8 +129,12 @@ def _within(level: Mapping[str, Any], max_ttft_ms: float | None, max_tpot_ms: fl
     return None
 
 
-def recommend(layouts: Sequence[Mapping[str, Any]], *, max_ttft_ms: float | None = None,
-              max_tpot_ms: float | None = None) -> dict[str, Any]:
+def recommend(
+    layouts: Sequence[Mapping[str, Any]],
+    *,
+    max_ttft_ms: float | None = None,
+    max_tpot_ms: float | None = None,
+) -> dict[str, Any]:
     """The layout and concurrency the generate stage should use: the most output tokens/s.
 
     Only measured levels in which every request completed count, and, when limits are given, only those

@@ -83,7 +83,7 @@ BUILTIN_DEMO = "builtin:demo"
 
 
 def _prompt_files(paths: list[str]) -> list[Path]:
-    """Files of the request mix; `builtin:demo` is the prompt set packaged with regen (before a prompts stage)."""
+    """Files of the request mix; `builtin:demo` is the prompt set packaged with regen."""
     files: list[Path] = []
     for path in paths:
         if path == BUILTIN_DEMO:
@@ -140,8 +140,14 @@ def _api_key(path: str | None) -> str | None:
 # ------------------------------------------------------------------------------------------ measure
 
 
-async def _run_level(url: str, headers: dict[str, str], base_body: dict[str, Any],
-                     mix: list[list[dict[str, str]]], concurrency: int, timeout: float) -> dict[str, Any]:
+async def _run_level(
+    url: str,
+    headers: dict[str, str],
+    base_body: dict[str, Any],
+    mix: list[list[dict[str, str]]],
+    concurrency: int,
+    timeout: float,
+) -> dict[str, Any]:
     import aiohttp
 
     records: list[dict[str, Any]] = []
@@ -152,8 +158,11 @@ async def _run_level(url: str, headers: dict[str, str], base_body: dict[str, Any
         while queue:
             _, messages = queue.pop(0)
             try:
-                records.append(await stream_completion(session, url, streaming_body(base_body, messages),
-                                                       headers, timeout))
+                records.append(
+                    await stream_completion(
+                        session, url, streaming_body(base_body, messages), headers, timeout
+                    )
+                )
             except (StreamError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 failures.append(f"{type(exc).__name__}: {exc}"[:300])
 
@@ -186,9 +195,16 @@ def _measure_sglang(a: argparse.Namespace, mix) -> tuple[list[dict[str, Any]], l
         for concurrency in a.concurrency:
             out = Path(tmp) / f"c{concurrency}.jsonl"
             argv = sglang_bench.bench_serving_argv(
-                python=a.sglang_python, base_url=a.endpoint.rstrip("/"), served_model=a.model,
-                tokenizer=a.tokenizer, dataset=str(dataset), num_prompts=len(mix), max_tokens=a.max_tokens,
-                concurrency=concurrency, output_file=str(out))
+                python=a.sglang_python,
+                base_url=a.endpoint.rstrip("/"),
+                served_model=a.model,
+                tokenizer=a.tokenizer,
+                dataset=str(dataset),
+                num_prompts=len(mix),
+                max_tokens=a.max_tokens,
+                concurrency=concurrency,
+                output_file=str(out),
+            )
             command_lines.append(" ".join(argv))
             env = dict(os.environ)
             if a.api_key:
@@ -196,8 +212,10 @@ def _measure_sglang(a: argparse.Namespace, mix) -> tuple[list[dict[str, Any]], l
             done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
             if done.returncode != 0 or not out.exists():
                 tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-                raise JobError(f"sglang.benchmark.serving exited {done.returncode} at concurrency "
-                               f"{concurrency}: {' | '.join(tail)}")
+                raise JobError(
+                    f"sglang.benchmark.serving exited {done.returncode} at concurrency "
+                    f"{concurrency}: {' | '.join(tail)}"
+                )
             records = sglang_bench.read_results(out)
             level = level_from_bench_serving(records[-1])
             level["requests"] = len(mix)
@@ -233,20 +251,39 @@ def cmd_measure(a: argparse.Namespace) -> int:
         "name": layout["name"],
         "settings": {k: v for k, v in layout.items() if k != "name"},
         "status": "measured" if completed else "failed",
-        "reason": None if completed else "no request completed: " + "; ".join(
-            sorted({f for level in levels for f in level.get("failures", [])})[:3]),
+        "reason": None
+        if completed
+        else "no request completed: "
+        + "; ".join(sorted({f for level in levels for f in level.get("failures", [])})[:3]),
         "client": client,
         "command_lines": command_lines,
         "levels": levels,
         "estimate": _json_arg(a.estimate_json, "--estimate-json"),
     }
     atomic_write_json(a.output, result)
-    print(json.dumps({"output": str(a.output), "status": result["status"], "levels": [
-        {"concurrency": lv["concurrency"], "output_tokens_per_s": lv["output_tokens_per_s"],
-         "ttft_p50_ms": lv["ttft_ms"]["p50"], "failed": lv["failed"]} for lv in levels]}))
+    print(
+        json.dumps(
+            {
+                "output": str(a.output),
+                "status": result["status"],
+                "levels": [
+                    {
+                        "concurrency": lv["concurrency"],
+                        "output_tokens_per_s": lv["output_tokens_per_s"],
+                        "ttft_p50_ms": lv["ttft_ms"]["p50"],
+                        "failed": lv["failed"],
+                    }
+                    for lv in levels
+                ],
+            }
+        )
+    )
     if not completed:
-        return EXIT_UNAVAILABLE if all(level["failed"] == level["requests"] for level in levels) else \
-            EXIT_FAILED_RECORDS
+        return (
+            EXIT_UNAVAILABLE
+            if all(level["failed"] == level["requests"] for level in levels)
+            else EXIT_FAILED_RECORDS
+        )
     return EXIT_OK
 
 
@@ -263,8 +300,12 @@ def _log_text(a: argparse.Namespace) -> str:
         except OSError:
             return ""
     if a.unit and shutil.which("journalctl"):
-        done = subprocess.run(["journalctl", "-u", a.unit, "-n", "400", "--no-pager", "-o", "cat"],
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            ["journalctl", "-u", a.unit, "-n", "400", "--no-pager", "-o", "cat"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         return done.stdout if done.returncode == 0 else ""
     return ""
 
@@ -280,15 +321,25 @@ def cmd_failed(a: argparse.Namespace) -> int:
         "settings": {k: v for k, v in layout.items() if k != "name"},
         "status": a.status,
         "reason": " ".join(a.reason.split())[:2000],
-        "diagnosis": ({"kind": cause.kind, "summary": cause.summary, "hint": cause.hint, "line": cause.line}
-                      if cause else None),
+        "diagnosis": (
+            {"kind": cause.kind, "summary": cause.summary, "hint": cause.hint, "line": cause.line}
+            if cause
+            else None
+        ),
         "log_tail": tail(text, 20) if text else [],
         "levels": [],
         "estimate": _json_arg(a.estimate_json, "--estimate-json"),
     }
     atomic_write_json(a.output, result)
-    print(json.dumps({"output": str(a.output), "status": a.status,
-                      "diagnosis": result["diagnosis"]["summary"] if cause else None}))
+    print(
+        json.dumps(
+            {
+                "output": str(a.output),
+                "status": a.status,
+                "diagnosis": result["diagnosis"]["summary"] if cause else None,
+            }
+        )
+    )
     return EXIT_OK
 
 
@@ -301,19 +352,32 @@ def cmd_report(a: argparse.Namespace) -> int:
         try:
             layouts.append(json.loads(Path(path).read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError) as exc:
-            raise JobError(f"--results {path}: not a layout record ({exc}); run `measure` or `failed` first") \
-                from None
+            raise JobError(
+                f"--results {path}: not a layout record ({exc}); run `measure` or `failed` first"
+            ) from None
     inputs = _json_arg(a.inputs_json, "--inputs-json", {})
-    doc = report_mod.build_report(layouts, inputs=inputs, inputs_digest=a.inputs_digest,
-                                  max_ttft_ms=a.max_ttft_ms, max_tpot_ms=a.max_tpot_ms)
+    doc = report_mod.build_report(
+        layouts,
+        inputs=inputs,
+        inputs_digest=a.inputs_digest,
+        max_ttft_ms=a.max_ttft_ms,
+        max_tpot_ms=a.max_tpot_ms,
+    )
     out = Path(a.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = report_mod.write_plots(doc, out)
     atomic_write_text(out / "report.md", report_mod.render_markdown(doc))
     # report.json last: its presence says the report is whole (the role and the plan read it).
     atomic_write_json(out / "report.json", doc)
-    print(json.dumps({"output_dir": str(out), "files": ["report.json", "report.md", *files],
-                      "recommended": doc["recommended"]}))
+    print(
+        json.dumps(
+            {
+                "output_dir": str(out),
+                "files": ["report.json", "report.md", *files],
+                "recommended": doc["recommended"],
+            }
+        )
+    )
     return EXIT_OK
 
 
@@ -327,8 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("measure", help="benchmark one served layout")
     m.add_argument("--endpoint", required=True, help="the server's base URL, e.g. http://127.0.0.1:30000")
     m.add_argument("--model", required=True, help="the served model name")
-    m.add_argument("--prompts", required=True, action="append",
-                   help="normalized prompts (file or the prompts job's directory); the first rows are the mix")
+    m.add_argument(
+        "--prompts",
+        required=True,
+        action="append",
+        help="normalized prompts (file or the prompts job's directory); the first rows are the mix",
+    )
     m.add_argument("--layout-json", required=True, help='the layout: {"name": ..., settings...}')
     m.add_argument("--output", required=True, type=Path, help="where the layout's record goes (JSON)")
     m.add_argument("--concurrency", type=int, action="append", help="requests in flight (repeat per level)")
@@ -336,8 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-tokens", type=int, default=256, help="answer budget per request (default 256)")
     m.add_argument("--warmup", type=int, default=1, help="requests sent before measuring (default 1)")
     m.add_argument("--timeout", type=float, default=1800.0, help="seconds per request (default 1800)")
-    m.add_argument("--client", choices=("regen", "sglang"), default="regen",
-                   help="regen: the generation client, streamed; sglang: python -m sglang.benchmark.serving")
+    m.add_argument(
+        "--client",
+        choices=("regen", "sglang"),
+        default="regen",
+        help="regen: the generation client, streamed; sglang: python -m sglang.benchmark.serving",
+    )
     m.add_argument("--sglang-python", help="python with SGLang (for --client sglang)")
     m.add_argument("--tokenizer", help="model directory bench_serving counts tokens with (--client sglang)")
     m.add_argument("--chat-template-kwargs", help="JSON object sent as chat_template_kwargs (the plan's)")

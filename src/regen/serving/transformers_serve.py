@@ -111,7 +111,7 @@ def _wrap_generate_streaming(method):
 
 def _wrap_streamer_init(init, tokenizer_position: int):
     @functools.wraps(init)
-    def __init__(self, *args, **kwargs):  # noqa: N807 - it replaces an __init__
+    def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
         handle = args[tokenizer_position] if len(args) > tokenizer_position else kwargs.get("tokenizer")
         if isinstance(handle, PythonTokenizerHandle):
@@ -137,13 +137,16 @@ def install() -> None:
     import transformers
     from transformers.cli.serving import utils
 
-    missing = [name for name in ("GenerateManager", "CBGenerateManager", "DirectStreamer", "CBStreamer")
-               if not hasattr(utils, name)]
+    missing = [
+        name
+        for name in ("GenerateManager", "CBGenerateManager", "DirectStreamer", "CBStreamer")
+        if not hasattr(utils, name)
+    ]
     if missing:
         raise SystemExit(
             f"regen.serving.transformers_serve: transformers {transformers.__version__} has no "
             f"transformers.cli.serving.utils.{', '.join(missing)}; these hooks were written for transformers "
-            f"{WRITTEN_FOR} (the version the locks pin): install it, or run `transformers serve` without streaming"
+            f"{WRITTEN_FOR} (the version the locks pin): install that, or serve without streaming"
         )
     if getattr(utils, "_regen_streaming_installed", False):
         return

@@ -115,16 +115,18 @@ def streaming_body(base_body: dict[str, Any], messages: list[dict[str, str]]) ->
     return body
 
 
-async def stream_completion(session, url: str, body: dict[str, Any], headers: dict[str, str],
-                            timeout: float) -> dict[str, Any]:
+async def stream_completion(
+    session, url: str, body: dict[str, Any], headers: dict[str, str], timeout: float
+) -> dict[str, Any]:
     """POST one streamed chat completion and time it; raises StreamError (or aiohttp's errors)."""
     import aiohttp
 
     payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     started = time.perf_counter()
     timing = StreamTiming(started=started)
-    async with session.post(url, data=payload, headers=headers,
-                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+    async with session.post(
+        url, data=payload, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+    ) as resp:
         if resp.status != 200:
             text = (await resp.read())[:300].decode("utf-8", "replace")
             raise StreamError(f"HTTP {resp.status}: {text}")
