@@ -112,7 +112,8 @@ def main():
                 plan, p["sweep_report"], p["overrides"], p["architecture"], p["gpu"], p["backend"]
             )
         if p["simulation"] is not None:
-            plan["serving"]["simulator_estimate"] = simulator_entry(p["simulation"], plan_values(plan)["serving"])
+            serving = plan_values(plan)["serving"]
+            plan["serving"]["simulator_estimate"] = simulator_entry(p["simulation"], serving)
     module.exit_json(changed=False, plan=plan, plan_values=plan_values(plan) if plan is not None else None)
 
 
