@@ -69,6 +69,7 @@ def test_a_missing_venv_fails_naming_the_role_that_builds_it(kimi, capsys, tmp_p
     assert out["failed"] and "role serving_simulator" in out["msg"]
 
 
+@pytest.mark.e2e  # the real simulator: 12 s on an idle core, 35-50 s on two busy ones
 @pytest.mark.skipif(
     not (AICONFIGURATOR / "bin" / "aiconfigurator").exists(),
     reason="the aiconfigurator venv is not built (.cache/aiconfigurator-0.12.0; see the docstring)",
