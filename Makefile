@@ -11,7 +11,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 INVENTORY ?= inventory/local
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap regen test lint check unit e2e bench lock clean stop
+.PHONY: help bootstrap regen test lint check unit e2e bench lock clean stop sweep
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ bootstrap: ## build or reuse the project venv (.venv) from the pinned lock
 
 regen: bootstrap ## run the whole pipeline on $(INVENTORY) (default: the embedded local demo)
 	ansible-playbook -i $(INVENTORY) regen.yml $(ARGS)
+
+sweep: bootstrap ## measure serving layouts on $(INVENTORY) -> artifacts/sweep/report.md (ARGS="-e layout_sweep_force=true")
+	ansible-playbook -i $(INVENTORY) playbooks/sweep.yml $(ARGS)
 
 stop: bootstrap ## stop what the pipeline left running (the model server)
 	ansible-playbook -i $(INVENTORY) playbooks/teardown.yml

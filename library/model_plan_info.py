@@ -30,6 +30,21 @@ options:
     description: Plan values set in inventory (model_facts_plan_overrides), a mapping of section to values.
     type: dict
     default: {}
+  simulation:
+    description:
+      - What layout_simulation_info returned (aiconfigurator's ranking, or why it does not cover this
+        model and GPU). Recorded as C(serving.simulator_estimate) beside the plan's choice; it never
+        changes the choice.
+    type: dict
+  sweep_report:
+    description:
+      - The layout sweep's C(artifacts/sweep/report.json) when it exists. Its recommended layout replaces
+        the plan's serving values (unless O(overrides) sets them) when it was measured for this model,
+        GPU count and O(backend); C(serving.sweep) says what was applied or why not.
+    type: dict
+  backend:
+    description: The server the run uses (sglang or transformers), to match the sweep report against.
+    type: str
 attributes:
   check_mode:
     support: full
@@ -75,6 +90,8 @@ plan_unknown:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.regen_plan import make_plan, override_errors, plan_values, unknown_entries
+from ansible.module_utils.regen_simulator import plan_entry as simulator_entry
+from ansible.module_utils.regen_sweep import apply_report
 
 
 def main():
@@ -84,6 +101,9 @@ def main():
             "tokenizer": {"type": "dict"},
             "gpu": {"type": "dict"},
             "overrides": {"type": "dict", "default": {}},
+            "simulation": {"type": "dict"},
+            "sweep_report": {"type": "dict"},
+            "backend": {"type": "str"},
         },
         supports_check_mode=True,
     )
@@ -94,6 +114,15 @@ def main():
     plan = None
     if p["architecture"] is not None:
         plan = make_plan(p["architecture"], p["tokenizer"], p["gpu"], p["overrides"])
+        # The measured layout (when a sweep report fits this model and host), then the simulator's estimate
+        # beside the final choice; each only when the role passed it.
+        if p["sweep_report"] is not None:
+            plan = apply_report(
+                plan, p["sweep_report"], p["overrides"], p["architecture"], p["gpu"], p["backend"]
+            )
+        if p["simulation"] is not None:
+            serving = plan_values(plan)["serving"]
+            plan["serving"]["simulator_estimate"] = simulator_entry(p["simulation"], serving)
     module.exit_json(
         changed=False, plan=plan, plan_values=plan_values(plan) if plan is not None else None,
         plan_unknown=unknown_entries(plan),

@@ -560,8 +560,10 @@ def _plan_transformers(spec, settings, model_path, python, host, port, api_key_s
     device = spec.get("device") or "cpu"
     settings._set("device", device, "override" if spec.get("device") else "default",
                   "where `transformers serve` runs the model")
-    # The module behind the `transformers` console script, run by the serving venv's own python.
-    argv = [python, "-m", "transformers.cli.transformers", "serve", model_path]
+    # transformers' own CLI, started through regen's launcher: it adds streaming for tokenizers without a
+    # Rust backend (Kimi's tiktoken tokenizer, so the demo's), which transformers 5.24 cannot stream
+    # (regen.serving.transformers_serve). The serving python needs the regen package for it.
+    argv = [python, "-m", "regen.serving.transformers_serve", "serve", model_path]
     trust = settings.table["trust_remote_code"]["value"]
     argv.append("--trust-remote-code" if trust else "--no-trust-remote-code")
     argv += ["--device", device, "--host", host, "--port", str(port)]

@@ -174,6 +174,11 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         )
         python = tmp_path / "venv" / "bin" / "python"
         return {"python": str(python), "specforge_source": str(tmp_path / "specforge")}
+    if name == "layout_simulation_info":
+        architecture = run_module("model_config_info", {"path": kimi}, capsys)["architecture"]
+        return {"architecture": architecture, "gpu": KIMI_FACTS["environment"]["gpu"]}
+    if name == "sweep_layouts_info":
+        return {"facts": KIMI_FACTS, "layouts": [{"name": "tp4", "tp_size": 4}]}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 

@@ -100,7 +100,7 @@ def test_sglang_on_cpu_needs_no_gpu():
 def test_transformers_backend_line():
     plan = rs.plan_server(_spec(backend="transformers", model_path="/m/demo", python="/v/bin/python",
                                 port=8123))
-    assert plan["argv"] == ["/v/bin/python", "-m", "transformers.cli.transformers", "serve", "/m/demo",
+    assert plan["argv"] == ["/v/bin/python", "-m", "regen.serving.transformers_serve", "serve", "/m/demo",
                             "--trust-remote-code", "--device", "cpu", "--host", "127.0.0.1", "--port", "8123"]
     assert plan["readiness"]["path"] == "/v1/models"
     assert plan["endpoint"] == "http://127.0.0.1:8123" and plan["api_base"] == "http://127.0.0.1:8123/v1"
