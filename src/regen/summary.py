@@ -55,7 +55,7 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
         ]
     serving, drafter = values.get("serving") or {}, values.get("drafter") or {}
     generation = values.get("generation") or {}
-    return [
+    rows = [
         ("model", shape),
         ("tokenizer", f"{how}; thinking switch {generation.get('thinking_switch')!r}"),
         (
@@ -65,6 +65,18 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
             f"mask id {drafter.get('mask_token_id')}",
         ),
     ]
+    length = values.get("length") or {}
+    if length.get("budget"):
+        method = (length.get("prompt_set") or {}).get("method")
+        how = {"tokens": "counted", "utf8_bytes": "bounded by its bytes", "assumed": "assumed"}
+        how = how.get(method, "?")
+        rows.append((
+            "budget",
+            f"{length['budget']} tokens per sequence (longest prompt {length.get('prompt_tokens')} tokens, "
+            f"{how}; max_tokens {length.get('max_tokens')} per turn); "
+            f"{generation.get('concurrency')} requests in flight",
+        ))
+    return rows
 
 
 def serving_lines(

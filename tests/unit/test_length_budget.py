@@ -52,7 +52,8 @@ def _prompts(by_turns: list[dict], tokens: dict | None = None, rows: int = 1000)
             "chars": {"p50": 400, "p90": 2000, "p99": 6000, "max": 9000},
             "utf8_bytes": {"p50": 420, "p90": 2100, "p99": 6300, "max": 9500},
             "tokens": tokens,
-            "tokens_reason": "counted with the model's chat template" if tokens else "no --tokenizer was given",
+            "tokens_reason": ("counted with the model's chat template" if tokens
+                              else "no --tokenizer was given"),
             "tokenizer": None,
             "by_turns": by_turns,
         },
@@ -160,8 +161,8 @@ def test_regen_length_budget_and_the_plan_override_reach_every_value() -> None:
 
 def test_a_bad_length_override_fails_the_plan_module(capsys: pytest.CaptureFixture[str]) -> None:
     arch = read_model_dir(str(CONFIGS / "qwen3-8b"))
-    result = run_module("model_plan_info", {"architecture": arch, "prompts": SINGLE_TURN, "length_budget": 100},
-                        capsys)
+    args = {"architecture": arch, "prompts": SINGLE_TURN, "length_budget": 100}
+    result = run_module("model_plan_info", args, capsys)
     assert result["failed"] is True and "regen_length_budget=100 leaves no room" in result["msg"]
     ok = run_module("model_plan_info", {"architecture": arch, "prompts": SINGLE_TURN}, capsys)
     assert ok["plan_values"]["length"]["budget"] == 5934

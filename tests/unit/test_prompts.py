@@ -383,7 +383,8 @@ def test_generated_turns_and_the_prompt_side_the_server_sees():
     assert P.generated_turns(conv) == 2  # the old answer is regenerated, and one more after "b"
     assert P.prompt_view(conv) == turns(("system", "s"), ("user", "a"), ("assistant", ""), ("user", "b"))
     ends_with_answer = turns(("user", "a"), ("assistant", "x"))
-    assert P.generated_turns(ends_with_answer) == 1 and P.prompt_view(ends_with_answer) == turns(("user", "a"))
+    assert P.generated_turns(ends_with_answer) == 1
+    assert P.prompt_view(ends_with_answer) == turns(("user", "a"))
 
 
 def test_lengths_without_a_tokenizer_count_characters_and_bytes(tmp_path):

@@ -317,7 +317,7 @@ def test_a_context_length_of_its_own_is_reported_as_overriding_the_length_budget
     # The Kimi facts with the plan's length section and serving context length a budgeted plan carries.
     facts = json.loads(json.dumps(KIMI))
     facts["plan"]["length"] = {"budget": {"value": 5934, "reason": "longest conversation: ..."}}
-    facts["plan"]["serving"]["context_length"] = {"value": 5934, "reason": "the length budget (length.budget)"}
+    facts["plan"]["serving"]["context_length"] = {"value": 5934, "reason": "the length budget"}
     planned = rs.plan_server(_spec(facts=facts))
     assert planned["argv"][planned["argv"].index("--context-length") + 1] == "5934"
     assert planned["settings"]["context_length"]["source"] == "plan"
