@@ -88,7 +88,7 @@ architecture:
       type: dict
     quantization:
       description: Null when unquantized; else C(method), C(bits), C(format), C(group_size), C(ignores),
-        C(source).
+        C(source) and C(kv_cache) (the declared KV-cache format, or null).
       type: dict
     dtype:
       description: Declared parameter dtype.
@@ -107,8 +107,14 @@ architecture:
       description: C(safetensors_index), C(safetensors_headers) or C(estimate).
       type: str
     kv_cache_bytes_per_token:
-      description: KV-cache bytes one token needs across all layers in 16-bit precision.
+      description: KV-cache bytes one token needs across all layers, at the size of C(kv_cache_dtype).
       type: int
+    kv_cache_dtype:
+      description:
+        - The KV cache's element format, C(dtype) (SGLang's name), C(bytes) per element and C(source).
+        - The format the checkpoint declares (C(quantization_config.kv_cache_scheme), ModelOpt's
+          C(kv_cache_quant_algo)), else the model's dtype.
+      type: dict
     warnings:
       description: What could not be read, and why.
       type: list

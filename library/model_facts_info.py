@@ -52,8 +52,8 @@ facts:
   type: dict
 plan_values:
   description: >-
-    The plan's sections (C(serving), C(generation), C(drafter)) with each entry's value; every section
-    is present (empty without facts).
+    The plan's sections (C(serving), C(generation), C(drafter), C(length)) with each entry's value; every
+    section is present (empty without facts).
   returned: always
   type: dict
   sample:

@@ -12,6 +12,9 @@ description:
     (serving parallelism and fit, generation kwargs, drafter layout), each value with a one-line reason.
   - Checks O(overrides) first and fails, naming every unknown section or key, so an inventory typo
     never passes silently. Without O(architecture) only that check runs.
+  - The C(length) section is the run's one length budget (prompt tokens from O(prompts) + generated tokens
+    per turn); the serving context length, generation C(max_tokens) and concurrency, and the
+    tokenize/capture/training C(max_length) read it. A budget that cannot hold the longest prompt fails.
   - Reads nothing from the host and changes nothing; the role runs it on the controller.
 version_added: "0.1.0"
 author: regen maintainers
@@ -45,6 +48,14 @@ options:
   backend:
     description: The server the run uses (sglang or transformers), to match the sweep report against.
     type: str
+  prompts:
+    description:
+      - The prompt set's statistics, C({fingerprint, rows, lengths}) of the prompts stage's C(manifest.json).
+      - Without them the budget assumes 2,048 prompt tokens and says so.
+    type: dict
+  length_budget:
+    description: The user's one length override (C(regen_length_budget)), tokens per sequence; null plans it.
+    type: int
 attributes:
   check_mode:
     support: full
@@ -62,13 +73,16 @@ EXAMPLES = r"""
     tokenizer: "{{ _tok.tokenizer }}"
     gpu: "{{ _gpu.gpu }}"
     overrides: "{{ model_facts_plan_overrides }}"
+    prompts: "{{ _manifest | default({}) }}"
+    length_budget: "{{ regen_length_budget }}"
   delegate_to: localhost
   register: _plan
 """
 
 RETURN = r"""
 plan:
-  description: The plan (C(serving), C(generation), C(drafter), C(warnings)); null without O(architecture).
+  description: >-
+    The plan (C(serving), C(generation), C(drafter), C(length), C(warnings)); null without O(architecture).
   returned: always
   type: dict
 plan_values:
@@ -89,6 +103,7 @@ plan_unknown:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_budget import BudgetError
 from ansible.module_utils.regen_plan import make_plan, override_errors, plan_values, unknown_entries
 from ansible.module_utils.regen_simulator import plan_entry as simulator_entry
 from ansible.module_utils.regen_sweep import apply_report
@@ -104,6 +119,8 @@ def main():
             "simulation": {"type": "dict"},
             "sweep_report": {"type": "dict"},
             "backend": {"type": "str"},
+            "prompts": {"type": "dict"},
+            "length_budget": {"type": "int"},
         },
         supports_check_mode=True,
     )
@@ -113,7 +130,11 @@ def main():
         module.fail_json(msg="; ".join(errors), override_errors=errors)
     plan = None
     if p["architecture"] is not None:
-        plan = make_plan(p["architecture"], p["tokenizer"], p["gpu"], p["overrides"])
+        try:
+            plan = make_plan(p["architecture"], p["tokenizer"], p["gpu"], p["overrides"],
+                             prompts=p["prompts"], length_budget=p["length_budget"])
+        except BudgetError as exc:
+            module.fail_json(msg=str(exc))
         # The measured layout (when a sweep report fits this model and host), then the simulator's estimate
         # beside the final choice; each only when the role passed it.
         if p["sweep_report"] is not None:

@@ -341,7 +341,46 @@ def normalize_quantization(config, text, hf_quant_config=None):
         "weight_block_size": [v for v in block if _is_int(v)] if isinstance(block, list) else None,
         "ignores": ignores,
         "source": source,
+        "kv_cache": declared_kv_cache(q, source),
     }
+
+
+# KV-cache element formats a checkpoint can declare, as SGLang 0.5.23 names them (--kv-cache-dtype), with
+# bytes per element: (scheme type, bits) of a compressed-tensors / ModelOpt `kv_cache_scheme`, and
+# ModelOpt's `kv_cache_quant_algo` names. An INT8 scheme is left out: SGLang has no INT8 KV cache, so
+# such a checkpoint is served with a cache of the model's dtype.
+_KV_SCHEMES = {("float", 8): ("fp8_e4m3", 1), ("float", 4): ("nvfp4", 0.5)}
+_KV_ALGOS = {"FP8": ("fp8_e4m3", 1), "NVFP4": ("nvfp4", 0.5)}
+
+
+def declared_kv_cache(q, source):
+    """The KV-cache format a quantization config declares: {dtype, bytes, declared}, or None (the cache
+    then has the model's dtype). Compressed-tensors and flat ModelOpt configs write `kv_cache_scheme`
+    ({"type": "float", "num_bits": 8} is FP8; null means none); ModelOpt's hf_quant_config.json writes
+    `kv_cache_quant_algo: "FP8"`, which SGLang 0.5.23 turns into an FP8 pool by itself."""
+    scheme = q.get("kv_cache_scheme")
+    if isinstance(scheme, dict):
+        kind, bits = scheme.get("type"), _as_int(scheme.get("num_bits"))
+        found = _KV_SCHEMES.get((kind, bits))
+        if found:
+            return {"dtype": found[0], "bytes": found[1],
+                    "declared": f"{source} kv_cache_scheme {{type: {kind}, num_bits: {bits}}}"}
+    algo = q.get("kv_cache_quant_algo")
+    if isinstance(algo, str) and algo.upper() in _KV_ALGOS:
+        found = _KV_ALGOS[algo.upper()]
+        return {"dtype": found[0], "bytes": found[1], "declared": f"{source} kv_cache_quant_algo {algo}"}
+    return None
+
+
+def kv_cache_dtype(arch):
+    """{dtype, bytes, source}: the KV cache's element format, the declared one, else the model's dtype
+    (what SGLang's `--kv-cache-dtype auto` stores)."""
+    declared = (arch.get("quantization") or {}).get("kv_cache")
+    if declared:
+        return {"dtype": declared["dtype"], "bytes": declared["bytes"], "source": declared["declared"]}
+    name = (arch.get("dtype") or "bfloat16").lower()
+    return {"dtype": name, "bytes": DTYPE_BYTES.get(name, 2),
+            "source": "no KV-cache quantization declared: the model's dtype"}
 
 
 def estimate_parameters(arch):
@@ -400,6 +439,14 @@ def estimate_parameters(arch):
     }
 
 
+def _scale_bits(quant):
+    """Bits of one group scale: NVFP4 keeps an FP8 (E4M3) scale per 16 weights and MXFP4 an E8M0 one per
+    32 (0.5 and 0.25 bit per weight); INT4 group quantization (compressed-tensors pack-quantized, AWQ)
+    keeps a 16-bit scale per group."""
+    names = " ".join(str(quant.get(k) or "") for k in ("method", "format")).lower()
+    return 8.0 if ("nvfp4" in names or "mxfp4" in names) else 16.0
+
+
 def estimate_weight_bytes(arch):
     """Checkpoint size estimate when no safetensors metadata is readable."""
     params = arch["parameters"]
@@ -409,7 +456,7 @@ def estimate_weight_bytes(arch):
     quant = arch.get("quantization")
     if not quant or not quant.get("bits"):
         return params["total"] * dtype_bytes
-    bits = quant["bits"] + (16.0 / quant["group_size"] if quant.get("group_size") else 0.0)
+    bits = quant["bits"] + (_scale_bits(quant) / quant["group_size"] if quant.get("group_size") else 0.0)
     routed = params.get("routed_expert_params") or 0
     ignores = " ".join(quant.get("ignores") or [])
     # Compressed-tensors Kimi/DeepSeek checkpoints quantize only routed experts (attention, shared experts
@@ -423,8 +470,11 @@ def estimate_weight_bytes(arch):
     return int(quantized * bits / 8 + (params["total"] - quantized) * dtype_bytes)
 
 
-def kv_cache_bytes_per_token(arch, dtype_bytes=2):
-    """Bytes of KV cache one token needs across all layers (MLA: one latent; GQA: K and V per KV head)."""
+def kv_cache_bytes_per_token(arch, dtype_bytes=None):
+    """Bytes of KV cache one token needs across all layers (MLA: one latent; GQA: K and V per KV head), at
+    the KV cache's element size (`kv_cache_dtype`: the declared format, else the model's dtype)."""
+    if dtype_bytes is None:
+        dtype_bytes = kv_cache_dtype(arch)["bytes"]
     att, layers = arch["attention"], arch["num_layers"]
     if not layers:
         return None
@@ -434,9 +484,9 @@ def kv_cache_bytes_per_token(arch, dtype_bytes=2):
     if att["kind"] == "mla":
         if att["kv_lora_rank"] is None:
             return None
-        return full_layers * (att["kv_lora_rank"] + (att["qk_rope_head_dim"] or 0)) * dtype_bytes
+        return int(full_layers * (att["kv_lora_rank"] + (att["qk_rope_head_dim"] or 0)) * dtype_bytes)
     if att["kv_heads"] and att["head_dim"]:
-        return full_layers * 2 * att["kv_heads"] * att["head_dim"] * dtype_bytes
+        return int(full_layers * 2 * att["kv_heads"] * att["head_dim"] * dtype_bytes)
     return None
 
 
@@ -498,6 +548,7 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
         "weight_bytes": None,
         "weight_bytes_source": None,
         "kv_cache_bytes_per_token": None,
+        "kv_cache_dtype": None,
         "generation_defaults": {},
         "warnings": warnings,
     }
@@ -529,6 +580,7 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
         if key in gen and isinstance(gen[key], (int, float, bool)):
             arch["generation_defaults"][key] = gen[key]
     arch["parameters"] = estimate_parameters(arch)
+    arch["kv_cache_dtype"] = kv_cache_dtype(arch)
     arch["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(arch)
     return arch
 

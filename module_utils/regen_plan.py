@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ansible.module_utils import regen_budget
 from ansible.module_utils.regen_attention_backends import backend_for_facts
 from ansible.module_utils.regen_config import DTYPE_BYTES
 from ansible.module_utils.regen_families import THINKING_SWITCHES, family_of
@@ -35,6 +36,9 @@ PLAN_KEYS = {
         "fits",
         "mem_fraction_static",
         "kv_cache_tokens",
+        "kv_cache_dtype",
+        "context_length",
+        "memory",
         "attention_backend",
         "attn_dp_size",
         "kv_capacity",
@@ -47,6 +51,7 @@ PLAN_KEYS = {
         "stop",
         "reasoning_parser",
         "tool_call_parser",
+        "concurrency",
     ),
     "drafter": (
         "method",
@@ -58,6 +63,14 @@ PLAN_KEYS = {
         "hidden_size",
         "vocab_size",
         "target_num_layers",
+    ),
+    # The run's one length budget (module_utils/regen_budget.py): generation max_tokens, the server's
+    # context length, tokenize/capture/training max_length and the evaluation prompt length read it.
+    "length": (
+        "prompt_set",
+        "prompt_tokens",
+        "max_tokens",
+        "budget",
     ),
 }
 
@@ -231,15 +244,49 @@ def _kv_bytes_per_gpu(arch, tokens, tp):
     return total * max(1, kv_heads // tp) / kv_heads
 
 
-def plan_serving(arch, gpu, planner):
-    section = {}
+def _plan_mem_fraction(arch, gpu, planner):
+    """serving.mem_fraction_static: on GPUs 1 - the stated margin per GPU (regen_budget.memory_margin);
+    on CPU SGLang's usual share (it bounds nothing there)."""
     count = (gpu or {}).get("count") or 0
-    mem_fraction = planner.pick(
+    per_gpu = (gpu or {}).get("memory_per_gpu_bytes") or 0
+    if count and per_gpu:
+        mla = (arch.get("attention") or {}).get("kind") == "mla"
+        margin, margin_reason = regen_budget.memory_margin(per_gpu, count, mla)
+        fraction, fraction_reason = regen_budget.mem_fraction_static(per_gpu, margin)
+        return planner.pick("serving", "mem_fraction_static", fraction, f"{margin_reason}; {fraction_reason}")
+    return planner.pick(
         "serving",
         "mem_fraction_static",
         DEFAULTS["mem_fraction_static"],
         "SGLang's static memory share for weights plus KV cache; the rest is activations",
     )
+
+
+def _plan_kv_cache_dtype(arch, device, planner):
+    """serving.kv_cache_dtype: the checkpoint's declared KV format, named on the command line so that the
+    server's pool holds what the arithmetic counts (SGLang's `auto` follows only ModelOpt's declaration);
+    null (flag off: the model's dtype) when none is declared."""
+    declared = (arch.get("quantization") or {}).get("kv_cache")
+    if device == "cpu":
+        value, reason = None, "no GPU: SGLang's CPU backend keeps the model's dtype"
+    elif declared:
+        value = declared["dtype"]
+        reason = (f"the checkpoint declares a {value} KV cache ({declared['declared']}): named so the pool "
+                  f"holds {declared['bytes']:g} B per element as the memory arithmetic counts")
+    else:
+        value = None
+        reason = f"no KV-cache format declared: SGLang keeps the model's dtype ({_kv_dtype_name(arch)})"
+    return planner.pick("serving", "kv_cache_dtype", value, reason)
+
+
+def _kv_dtype_name(arch):
+    return (arch.get("kv_cache_dtype") or {}).get("dtype") or arch.get("dtype") or "bfloat16"
+
+
+def plan_serving(arch, gpu, planner, length=None):
+    section = {}
+    count = (gpu or {}).get("count") or 0
+    mem_fraction = _plan_mem_fraction(arch, gpu, planner)
     kv_tokens = planner.pick(
         "serving",
         "kv_cache_tokens",
@@ -333,6 +380,22 @@ def plan_serving(arch, gpu, planner):
         )
         section["attn_dp_size"] = planner.pick("serving", "attn_dp_size", attn_dp, attn_dp_reason)
         section["kv_capacity"] = planner.pick("serving", "kv_capacity", capacity, capacity_reason)
+        numbers, memory_reason = regen_budget.kv_pool(
+            arch, per_gpu, mem_fraction["value"], tp_value, attn_dp=section["attn_dp_size"]["value"] or 1,
+            dp=section["dp_size"]["value"] or 1, attention_weight_bytes=_attention_weight_bytes(arch),
+        )
+        if numbers is not None:
+            numbers["margin_bytes"] = int(per_gpu * (1 - mem_fraction["value"]))
+        section["memory"] = planner.pick("serving", "memory", numbers, memory_reason)
+    if count == 0:
+        section["memory"] = planner.pick("serving", "memory", None, "no GPU memory to divide")
+    section["kv_cache_dtype"] = _plan_kv_cache_dtype(arch, section["device"]["value"], planner)
+    budget = plan_value((length or {}).get("budget"))
+    section["context_length"] = planner.pick(
+        "serving", "context_length", budget,
+        f"the length budget (length.budget): {budget:,} tokens per request" if budget
+        else "no length budget: the model's own maximum",
+    )
     section["attention_backend"] = _plan_attention_backend(arch, gpu, section["device"]["value"], planner)
     args = ["--tp-size", str(section["tp_size"]["value"])]
     if section["ep_size"]["value"] > 1:
@@ -348,6 +411,10 @@ def plan_serving(arch, gpu, planner):
         args += ["--mem-fraction-static", str(mem_fraction["value"])]
     if section["attention_backend"]["value"]:
         args += ["--attention-backend", str(section["attention_backend"]["value"])]
+    if section["kv_cache_dtype"]["value"]:
+        args += ["--kv-cache-dtype", str(section["kv_cache_dtype"]["value"])]
+    if section["context_length"]["value"]:
+        args += ["--context-length", str(section["context_length"]["value"])]
     section["sglang_args"] = planner.pick("serving", "sglang_args", args, "the values above as SGLang flags")
     return section
 
@@ -654,13 +721,77 @@ def plan_drafter(arch, tokenizer, planner):
     return section
 
 
-def make_plan(architecture, tokenizer=None, gpu=None, overrides=None):
-    """The whole plan document: {serving, generation, drafter, warnings}."""
+def plan_length(arch, prompts, planner, length_budget=None):
+    """The `length` section: the run's one length budget (regen_budget.length_budget) from the prompt
+    set's statistics, the generated tokens per turn and the user's one override (regen_length_budget);
+    model_facts_plan_overrides.length.{max_tokens, budget} work too. Raises regen_budget.BudgetError."""
+    over = planner.overrides.get("length") if isinstance(planner.overrides.get("length"), dict) else {}
+    budget, variable = length_budget, "regen_length_budget"
+    if budget is None and over.get("budget") is not None:
+        budget, variable = over["budget"], "model_facts_plan_overrides.length.budget"
+    max_tokens = over.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                   or max_tokens < 1):
+        raise regen_budget.BudgetError(
+            "model_facts_plan_overrides.length.max_tokens must be a positive number of tokens, got "
+            f"{max_tokens!r}"
+        )
+    result = regen_budget.length_budget(
+        prompts, max_tokens=max_tokens, budget=budget, model_max=arch.get("max_position_embeddings"),
+        budget_variable=variable,
+    )
+    planner.warnings.extend(result["warnings"])
+    reasons = result["reasons"]
+    lengths = (prompts or {}).get("lengths") if isinstance(prompts, dict) else None
+    lengths = lengths if isinstance(lengths, dict) else {}
+    prompt_set = {
+        "fingerprint": (prompts or {}).get("fingerprint") if isinstance(prompts, dict) else None,
+        "rows": lengths.get("rows"),
+        "method": result["method"],
+        "tokens": lengths.get("tokens"),
+        "utf8_bytes": lengths.get("utf8_bytes"),
+        "groups": result["groups"],
+    }
+    section = {
+        "prompt_set": {"value": prompt_set, "reason": reasons["prompt_tokens"].split("; ", 1)[-1]},
+        "prompt_tokens": {"value": result["prompt_tokens"], "reason": reasons["prompt_tokens"]},
+        "max_tokens": {"value": result["max_tokens"], "reason": reasons["max_tokens"]},
+        "budget": {"value": result["budget"], "reason": reasons["budget"]},
+    }
+    if max_tokens is not None:
+        section["max_tokens"]["derived"] = regen_budget.DEFAULT_MAX_TOKENS
+    if budget is not None:
+        section["budget"]["derived"] = regen_budget.length_budget(
+            prompts, max_tokens=max_tokens, model_max=arch.get("max_position_embeddings"))["budget"]
+    return section
+
+
+def plan_concurrency(serving, length, planner):
+    """generation.concurrency: requests in flight per endpoint so that each can grow to the length budget
+    inside the server's KV pool (regen_budget.concurrency)."""
+    pool = plan_value(serving.get("memory")) or {}
+    value, reason = regen_budget.concurrency(
+        pool.get("tokens"), plan_value(length.get("budget")), device=plan_value(serving.get("device"))
+    )
+    return planner.pick("generation", "concurrency", value, reason)
+
+
+def make_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=None, length_budget=None):
+    """The whole plan document: {serving, generation, drafter, length, warnings}.
+
+    prompts: the prompt set's statistics ({fingerprint, rows, lengths} of the prompts stage's manifest);
+    length_budget: the user's one length override (regen_length_budget), None to plan it.
+    """
     planner = _Planner(overrides)
+    length = plan_length(architecture, prompts, planner, length_budget)
+    serving = plan_serving(architecture, gpu, planner, length)
+    generation = plan_generation(architecture, tokenizer, planner)
+    generation["concurrency"] = plan_concurrency(serving, length, planner)
     plan = {
-        "serving": plan_serving(architecture, gpu, planner),
-        "generation": plan_generation(architecture, tokenizer, planner),
+        "serving": serving,
+        "generation": generation,
         "drafter": plan_drafter(architecture, tokenizer, planner),
+        "length": length,
     }
     unknown = unknown_entries(plan)
     if unknown and isinstance(tokenizer, dict) and tokenizer.get("available") is False:

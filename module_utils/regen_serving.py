@@ -39,6 +39,9 @@ ATTENTION_BACKENDS = (
     "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
     "ascend", "intel_xpu",
 )
+# SGLang 0.5.23 `--kv-cache-dtype` choices (arg_groups/fields/model.py); the plan names one only when the
+# checkpoint declares its KV-cache format (the memory arithmetic counts that many bytes per element).
+KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
 # Environment variable that carries the API key from the 0600 environment file into the router's
 # environment (systemd's EnvironmentFile=, the supervisor's --secret-env-file); ROUTER_LAUNCHER reads it.
 API_KEY_ENV = "REGEN_SERVING_API_KEY"
@@ -68,6 +71,7 @@ _RENDERED_FLAGS = {
     "--reasoning-parser": "sglang_server_reasoning_parser",
     "--tool-call-parser": "sglang_server_tool_call_parser",
     "--context-length": "sglang_server_context_length",
+    "--kv-cache-dtype": "sglang_server_kv_cache_dtype",
     "--mem-fraction-static": "sglang_server_mem_fraction_static",
     "--host": "sglang_server_host",
     "--port": "sglang_server_port",
@@ -226,7 +230,7 @@ def plan_server(spec):
       backend ("sglang"|"transformers"), name, model_path (required), python (required),
       facts (the model_facts document), overrides (dict: device, tp_size, ep_size, pp_size, dp_size,
       attn_dp_size, moe_a2a_backend, attention_backend, reasoning_parser, tool_call_parser,
-      context_length, mem_fraction_static,
+      context_length, kv_cache_dtype, mem_fraction_static,
       trust_remote_code, served_model_name, enable_metrics; None = take the plan),
       host, port, api_key_set (bool), secret_config_path (YAML file with the API key, SGLang --config),
       extra_args (list), env (dict), gpu_count (int or None = unknown), gpu_ids (list),
@@ -397,6 +401,18 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         _refuse_unknown(settings, key, settings.generation)
     settings.pick("context_length", settings.serving, fallback=None,
                   fallback_reason="the model's own maximum")
+    _report_budget_override(settings, warnings)
+    settings.pick("kv_cache_dtype", settings.serving, fallback=None,
+                  fallback_reason="the model's dtype (SGLang's auto)")
+    kv_dtype = settings.table["kv_cache_dtype"]["value"]
+    if kv_dtype in ("", None):
+        kv_dtype = settings.table["kv_cache_dtype"]["value"] = None
+    elif kv_dtype not in KV_CACHE_DTYPES:
+        raise ServingPlanError(
+            f"kv_cache_dtype {kv_dtype!r} ({settings.table['kv_cache_dtype']['source']}) is not one of "
+            f"SGLang {SGLANG_VERSION}'s --kv-cache-dtype choices: {', '.join(KV_CACHE_DTYPES)}; fix "
+            "sglang_server_kv_cache_dtype (or model_facts_plan_overrides.serving.kv_cache_dtype)"
+        )
     settings.pick("mem_fraction_static", settings.serving, fallback=None,
                   fallback_reason="SGLang's own default")
     settings.pick("trust_remote_code", settings.serving, fallback=True,
@@ -427,6 +443,8 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
     context_length = settings.table["context_length"]["value"]
     if context_length is not None:
         argv += ["--context-length", str(_int_setting(settings, "context_length"))]
+    if kv_dtype:
+        argv += ["--kv-cache-dtype", str(kv_dtype)]
     fraction = settings.table["mem_fraction_static"]["value"]
     if fraction is not None:
         try:
@@ -469,6 +487,20 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         "nnodes": nnodes,
         "node_rank": node_rank,
     }
+
+
+def _report_budget_override(settings, warnings):
+    """An inventory context length beside the plan's length budget (plan.length.budget) is kept, and said
+    to override the budget the other stages follow."""
+    entry = settings.table["context_length"]
+    budget = plan_entry(nested(settings.facts, "plan", "length") or {}, "budget")[1]
+    if entry["source"] != "override" or budget is None or str(entry["value"]) == str(budget):
+        return
+    note = (f"sglang_server_context_length={entry['value']} overrides the plan's length budget of {budget} "
+            "tokens (generation, tokenize and training follow the budget; set regen_length_budget to change "
+            "them together)")
+    entry["reason"] += f"; {note}"
+    warnings.append(note)
 
 
 def _attention_backend(settings, device, warnings):

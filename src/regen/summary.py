@@ -64,7 +64,7 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
         entry = (plan.get(section) or {}).get(key)
         return "unknown" if isinstance(entry, dict) and entry.get("unknown") is True else repr(value)
 
-    return [
+    rows = [
         ("model", shape),
         ("tokenizer", f"{how}; thinking switch "
                       f"{shown('generation', 'thinking_switch', generation.get('thinking_switch'))}"),
@@ -76,6 +76,18 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
         ),
         *warning_lines(facts),
     ]
+    length = values.get("length") or {}
+    if length.get("budget"):
+        method = (length.get("prompt_set") or {}).get("method")
+        how = {"tokens": "counted", "utf8_bytes": "bounded by its bytes", "assumed": "assumed"}
+        how = how.get(method, "?")
+        rows.append((
+            "budget",
+            f"{length['budget']} tokens per sequence (longest prompt {length.get('prompt_tokens')} tokens, "
+            f"{how}; max_tokens {length.get('max_tokens')} per turn); "
+            f"{generation.get('concurrency')} requests in flight",
+        ))
+    return rows
 
 
 def warning_lines(facts: Record) -> list[tuple[str, str]]:

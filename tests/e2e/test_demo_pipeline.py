@@ -7,14 +7,17 @@ does on a GPU host to free the GPUs) must leave it stopped, since nothing is lef
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+from pathlib import Path
 
 import pytest
 
 from tests.helpers.ansible import run_playbook
 
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
@@ -30,11 +33,12 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwar
     assert all(stats["failed"] == 0 and stats["unreachable"] == 0 for stats in first.values()), first
     # The run ends with the summary table, one row per stage that produced something.
     summary = output[output.index("regen summary") :]
-    for row in ("model", "plan", "serve", "generate", "tokenize", "train", "evaluate"):
+    for row in ("model", "plan", "budget", "serve", "generate", "tokenize", "train", "evaluate"):
         assert re.search(rf"^\s+{row}\s", summary, re.MULTILINE), (row, summary[:2000])
     # The evaluation's headline: the oracle reaches the block size and every output was lossless.
     headline = r"^\s+evaluate\s+acceptance length trained .*oracle 16\.00 .*; lossless$"
     assert re.search(headline, summary, re.MULTILINE), summary[:3000]
+    _the_length_budget_was_measured_and_followed()
     output, second = _run_pipeline()
     assert all(stats["changed"] == 0 for stats in second.values()), (second, output[-6000:])
 
@@ -45,6 +49,20 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwar
     assert "regen-serve-main is not running and nothing downstream needs it" in " ".join(output.split())
     assert re.search(r"^\s+serve\s+localhost-main: .*, stopped$", output, re.MULTILINE), output[-3000:]
     assert not _listening(30000)
+
+
+def _the_length_budget_was_measured_and_followed() -> None:
+    """The prompts stage counted the demo prompts with the demo tokenizer, introspect made the one budget
+    of them (48 generated tokens per turn, the local inventory's plan override), and tokenize used it."""
+    facts = json.loads((ROOT / "artifacts" / "model_facts.json").read_text())
+    length = facts["plan"]["length"]
+    prompt_set = length["prompt_set"]["value"]
+    assert prompt_set["method"] == "tokens" and prompt_set["rows"] == 24, prompt_set
+    need = max(g["prompt_tokens"] + g["turns"] * (48 + 8) for g in prompt_set["groups"])
+    assert length["budget"]["value"] == need and length["max_tokens"]["value"] == 48, length
+    assert facts["plan"]["generation"]["concurrency"]["value"] == 4  # no GPU
+    stats = json.loads((ROOT / "artifacts" / "tokenized" / "stats.json").read_text())
+    assert stats["config"]["max_length"] == need
 
 
 def _listening(port: int) -> bool:

@@ -57,6 +57,8 @@ def work(tmp_path: Path) -> Path:
         "plan": {
             "drafter": {"mask_token_id": {"value": 4000, "reason": "a reserved token"}},
             "generation": {"chat_template_kwargs": {"value": {"thinking": True}, "reason": "Kimi"}},
+            # the plan's one length budget, what the introspect stage derives from the prompt set
+            "length": {"budget": {"value": 96, "reason": "longest conversation: 40 + 1 x (48 + 8) = 96"}},
         }
     }
     (tmp_path / "artifacts").mkdir()
@@ -65,11 +67,13 @@ def work(tmp_path: Path) -> Path:
 
 
 def test_role_tokenizes_once_and_then_changes_nothing(work, demo_model_dir):
-    first, _ = playbook(work, demo_model_dir)
+    first, output = playbook(work, demo_model_dir)
     assert first["changed"] > 0
     stats = json.loads((work / "artifacts" / "tokenized" / "stats.json").read_text())
     assert stats == json.loads((work / "tokenized" / "stats.json").read_text())
     assert stats["samples"] == 30 and stats["mask_token"]["id"] == 4000  # from the facts
+    assert stats["config"]["max_length"] == 96  # the plan's length budget
+    assert "overrides the plan's length budget" not in output
     assert stats["config"]["chat_template_kwargs"] == {"thinking": True}
     assert stats["config"]["reasoning"] == "last"
     assert stats["reasoning"]["placed_after_generation_prompt"] == 30
@@ -91,3 +95,11 @@ def test_check_mode_before_anything_exists_does_not_fail(tmp_path, demo_model_di
     result, output = playbook(tmp_path, demo_model_dir, "--check")
     assert result["failed"] == 0 and "once the earlier stages have run" in output
     assert not (tmp_path / "tokenized").exists()
+
+
+def test_a_max_length_of_its_own_overrides_the_budget_and_says_so(work, demo_model_dir):
+    _, output = playbook(work, demo_model_dir, "-e", "regen_max_length=64")
+    stats = json.loads((work / "tokenized" / "stats.json").read_text())
+    assert stats["config"]["max_length"] == 64
+    said = " ".join(output.split())  # the callback wraps long messages
+    assert "(regen_max_length) = 64 overrides the plan" in said and "budget of 96 tokens" in said

@@ -99,6 +99,9 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
     # The run config it would write: SpecForge's own topology keys, 8 trainer processes on one node.
     assert "+  mode: local_colocated" in output and "+    nproc_per_node: 8" in output
     assert "+  strategy: dflash" in output and "+  attention_backend: flex_attention" in output
+    # Capture and training max_length are the plan's length budget: a plan without prompt statistics
+    # assumes 2,048 prompt tokens + 1 turn x (4,096 max_tokens + 8 template tokens) = 6,152.
+    assert "+  max_length: 6152" in output and "--max-length 6152" in flat
     assert "10.1.2.200" not in output
 
 

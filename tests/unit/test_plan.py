@@ -234,8 +234,8 @@ def test_demo_model_on_cpu(request: pytest.FixtureRequest, tmp_path_factory: pyt
 def test_plan_entries_read_back_one_way() -> None:
     plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8), {"serving": {"tp_size": 4}})
     values = plan_values(plan)
-    assert set(values) == {"serving", "generation", "drafter", "warnings"}
-    for section in ("serving", "generation", "drafter"):
+    assert set(values) == {"serving", "generation", "drafter", "length", "warnings"}
+    for section in ("serving", "generation", "drafter", "length"):
         assert values[section] == {key: entry["value"] for key, entry in plan[section].items()}
     assert values["serving"]["tp_size"] == 4 and values["warnings"] == plan["warnings"]
     # a bare value (an inventory override) is its own value; a planned null is present, an absent key not
@@ -385,7 +385,8 @@ def test_dp_attention_is_planned_where_it_multiplies_the_mla_kv_capacity() -> No
 
 def test_dp_attention_stays_off_where_replicated_attention_eats_the_pool() -> None:
     # Kimi K2.5 INT4 on 8x RTX PRO 6000: ~11.5 GiB of bf16 attention weights on every rank would leave
-    # ~31k tokens per rank, under the 65,536 in flight the plan sizes for.
+    # ~1.7k tokens per rank (at the 0.83 share the memory margin allows), under the 65,536 in flight the
+    # plan sizes for.
     serving = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8))["serving"]
     assert serving["attn_dp_size"]["value"] == 1
     assert "each rank's pool would hold" in serving["attn_dp_size"]["reason"]

@@ -365,3 +365,89 @@ def test_cli_summary_and_exit_codes(tmp_path):
     bad = subprocess.run([*run, "--source", str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
     assert bad.returncode == 2
     assert "error: source" in bad.stderr and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------------------ length statistics (the budget)
+
+
+def test_percentiles_are_nearest_rank():
+    # 1..100: the p-th percentile is the value at rank ceil(p/100 x 100)
+    assert P.percentiles(list(range(100, 0, -1))) == {"p50": 50, "p90": 90, "p99": 99, "max": 100}
+    # 3 values: ranks ceil(1.5) = 2, ceil(2.7) = 3, ceil(2.97) = 3
+    assert P.percentiles([7, 1, 4]) == {"p50": 4, "p90": 7, "p99": 7, "max": 7}
+    assert P.percentiles([]) is None
+
+
+def test_generated_turns_and_the_prompt_side_the_server_sees():
+    conv = turns(("system", "s"), ("user", "a"), ("assistant", "old"), ("user", "b"))
+    assert P.generated_turns(conv) == 2  # the old answer is regenerated, and one more after "b"
+    assert P.prompt_view(conv) == turns(("system", "s"), ("user", "a"), ("assistant", ""), ("user", "b"))
+    ends_with_answer = turns(("user", "a"), ("assistant", "x"))
+    assert P.generated_turns(ends_with_answer) == 1
+    assert P.prompt_view(ends_with_answer) == turns(("user", "a"))
+
+
+def test_lengths_without_a_tokenizer_count_characters_and_bytes(tmp_path):
+    src = write_jsonl(tmp_path / "src.jsonl", [
+        {"id": "a", "conversations": turns(("user", "hello"))},                       # 5 chars
+        {"id": "b", "conversations": turns(("system", "ab"), ("user", "é"))},           # 3 chars, 4 bytes
+        {"id": "c", "conversations": turns(("user", "q"), ("assistant", "x"), ("user", "zz"))},  # 2 turns
+    ])
+    out = tmp_path / "out"
+    result = build([str(src)], out)
+    lengths = json.loads((out / "manifest.json").read_text())["lengths"]
+    assert result["lengths"] == lengths
+    assert lengths["rows"] == 3 and lengths["tokens"] is None
+    assert lengths["tokens_reason"] == "no --tokenizer was given"
+    assert lengths["chars"]["max"] == 5 and lengths["utf8_bytes"]["max"] == 5
+    assert lengths["by_turns"] == [
+        {"turns": 1, "rows": 2, "max_chars": 5, "max_utf8_bytes": 5, "max_tokens": None},
+        {"turns": 2, "rows": 1, "max_chars": 3, "max_utf8_bytes": 3, "max_tokens": None},
+    ]
+
+
+def test_lengths_with_the_demo_tokenizer_are_its_chat_template_counts(tmp_path, demo_model_dir):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "out"
+    result = build(["builtin:demo"], out, tokenizer=demo_model_dir)
+    lengths = result["lengths"]
+    assert lengths["tokens_reason"].startswith("counted with the model's chat template")
+    assert lengths["tokenizer"]["digest"]
+    # every row recounted here, with the same tokenizer the job loads (trust_remote_code, as tokenize does)
+    tok = AutoTokenizer.from_pretrained(str(demo_model_dir), trust_remote_code=True)
+    _manifest, rows = read_set(out)
+    counts = {}
+    for row in rows:
+        ids = tok.apply_chat_template(P.prompt_view(row["conversations"]), tokenize=True,
+                                      add_generation_prompt=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        key = P.generated_turns(row["conversations"])
+        counts[key] = max(counts.get(key, 0), len(ids))
+    assert {g["turns"]: g["max_tokens"] for g in lengths["by_turns"]} == counts
+    assert lengths["tokens"]["max"] == max(counts.values())
+    assert sum(g["rows"] for g in lengths["by_turns"]) == lengths["rows"] == len(rows)
+
+
+def test_the_tokenizer_is_part_of_the_fingerprint_and_old_sets_are_recounted(tmp_path, demo_model_dir):
+    out = tmp_path / "out"
+    plain = build(["builtin:demo"], out)
+    counted = build(["builtin:demo"], out, tokenizer=demo_model_dir)
+    assert counted["changed"] is True and counted["fingerprint"] != plain["fingerprint"]
+    assert build(["builtin:demo"], out, tokenizer=demo_model_dir)["changed"] is False
+    # a set written before the statistics existed (no `lengths` in its manifest) is rebuilt once
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["lengths"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    again = build(["builtin:demo"], out, tokenizer=demo_model_dir)
+    assert again["changed"] is True and again["lengths"] == counted["lengths"]
+
+
+def test_a_tokenizer_that_does_not_load_leaves_tokens_uncounted_with_the_reason(tmp_path):
+    empty = tmp_path / "model"
+    empty.mkdir()
+    result = build(["builtin:demo"], tmp_path / "out", tokenizer=empty)
+    assert result["lengths"]["tokens"] is None
+    assert "holds no tokenizer files" in result["lengths"]["tokens_reason"]
+    missing = build(["builtin:demo"], tmp_path / "out2", tokenizer=tmp_path / "nowhere")
+    assert "is not a directory" in missing["lengths"]["tokens_reason"]

@@ -127,7 +127,14 @@ def test_the_model_facts_plan_drives_the_launch_line():
     argv = plan["argv"]
     assert (_flag(argv, "--tp-size"), _flag(argv, "--ep-size")) == ("8", "8")
     assert _flag(argv, "--reasoning-parser") == _flag(argv, "--tool-call-parser") == "kimi_k2"
-    assert _flag(argv, "--mem-fraction-static") == "0.85"
+    # The static share keeps the stated margin free: 96e9 B = 91,553 MiB per GPU (SGLang's < 90 GiB class:
+    # 8,192 chunked-prefill tokens, decode graphs of 512 at TP8), margin 512 + 1.5 x 8,192 + 2 x 512 +
+    # 1,024 x 8/8 + 1,536 (MLA) = 16,384 MiB; 1 - 16,384 / 91,553 = 0.8210 -> 0.82.
+    assert _flag(argv, "--mem-fraction-static") == "0.82"
+    # The context length is the plan's length budget: no prompt statistics, so 2,048 assumed prompt tokens
+    # + 1 turn x (4,096 max_tokens + 8 template tokens) = 6,152.
+    assert _flag(argv, "--context-length") == "6152"
+    assert plan["settings"]["context_length"]["source"] == "plan"
     # MLA on sm_120: the backend table's FlashInfer, never TRT-LLM MLA (Unsupported architecture there).
     assert _flag(argv, "--attention-backend") == "flashinfer"
     assert "--dp-size" not in argv and "--device" not in argv

@@ -12,9 +12,13 @@ launch line by module_utils/regen_serving.py, exactly the chain the introspect a
 * sm_100: `b200-table-driver580.txt` (8x B200, 183,359 MiB; the post was cut after GPU 1, the same
   repetition gives the eight GPUs its header names).
 
-Models: Kimi K2.5 (INT4 compressed-tensors; tests/fixtures/configs has no Kimi K2.6 and no NVFP4
-checkpoint's config, see its README), DeepSeek-V3 (FP8) and dense Qwen3-8B. Tokenizer facts are only the
-part the plan reads (whether think tokens exist): Kimi K2.5 and Qwen3 have `<think>`, DeepSeek-V3 not.
+Models: Kimi K2.5 (INT4 compressed-tensors; tests/fixtures/configs has no Kimi K2.6, see its README),
+DeepSeek-V3 (FP8), dense Qwen3-8B and a dense NVFP4 checkpoint with an FP8 KV cache (llama-70b-nvfp4: the
+Llama 70B config with the quantization and index total_size nvidia's Llama-3.3-70B-Instruct-FP4 checks;
+the plan names `--kv-cache-dtype fp8_e4m3` for it). Tokenizer facts are only the part the plan reads
+(whether think tokens exist): Kimi K2.5 and Qwen3 have `<think>`, DeepSeek-V3 and Llama not. No prompt-set
+statistics: the context length is the length budget of a plan from the config alone (2,048 assumed prompt
+tokens + 4,096 + 8 = 6,152).
 
 After an intended change: `REGEN_UPDATE_GOLDEN=1 pytest tests/unit/test_serving_hardware.py`, review
 the diff of tests/fixtures/serving/hardware/*.argv.
@@ -53,6 +57,8 @@ CASES = [
     ("deepseek-v3-8x-sm100", "deepseek-v3", False, "sm100", 8, "trtllm_mla"),
     ("qwen3-8b-1x-sm120", "qwen3-8b", True, "sm120", 1, "flashinfer"),
     ("qwen3-8b-1x-sm100", "qwen3-8b", True, "sm100", 1, "trtllm_mha"),
+    ("llama-70b-nvfp4-8x-sm120", "llama-70b-nvfp4", False, "sm120", 8, "flashinfer"),
+    ("llama-70b-nvfp4-8x-sm100", "llama-70b-nvfp4", False, "sm100", 8, "trtllm_mha"),
 ]
 
 
@@ -162,8 +168,11 @@ def test_every_golden_line_parses_with_sglangs_parser_and_means_the_plan(sglang_
         values = result["values"]
         settings = {k: v["value"] for k, v in plan["settings"].items()}
         assert values["attention_backend"] == settings["attention_backend"] == case[5]
-        for key in ("tp_size", "ep_size", "dp_size", "attn_dp_size"):
+        for key in ("tp_size", "ep_size", "dp_size", "attn_dp_size", "context_length"):
             assert values[key] == settings[key], (case[0], key)
+        # The declared FP8 KV cache of the NVFP4 checkpoint reaches SGLang; the others keep its `auto`.
+        assert values["kv_cache_dtype"] == (settings["kv_cache_dtype"] or "auto"), case[0]
+        assert values["kv_cache_dtype"] == ("fp8_e4m3" if "nvfp4" in case[0] else "auto"), case[0]
         assert values["mem_fraction_static"] == pytest.approx(settings["mem_fraction_static"])
         assert values["reasoning_parser"] == settings["reasoning_parser"]
         assert values["tool_call_parser"] == settings["tool_call_parser"]

@@ -41,6 +41,8 @@ def _spec(**kw):
         (_spec(overrides={"moe_a2a_backend": "magic"}), "not one of SGLang 0.5.23's choices"),
         (_spec(overrides={"ep_size": 1, "moe_a2a_backend": "deepep"}), "needs expert parallelism"),
         (_spec(overrides={"mem_fraction_static": 1.5}), "between 0 and 1"),
+        (_spec(overrides={"kv_cache_dtype": "int8"}), "--kv-cache-dtype choices"),
+        (_spec(extra_args=["--kv-cache-dtype", "fp8_e4m3"]), "set sglang_server_kv_cache_dtype instead"),
         (_spec(overrides={"tp_size": "eight"}), "tp_size must be an integer"),
         (_spec(nnodes=2, node_rank=0, overrides={"tp_size": 16, "ep_size": 16}), "dist_init_addr"),
         (_spec(nnodes=2, node_rank=2), "outside 0..1"),
@@ -331,3 +333,26 @@ def test_an_unknown_attention_backend_is_refused_with_the_variable():
 def test_cpu_serving_names_no_attention_backend():
     plan = rs.plan_server(_spec(gpu_count=0, overrides={"device": "cpu", "tp_size": 1, "ep_size": 1}))
     assert "--attention-backend" not in plan["argv"]
+
+
+def test_a_context_length_of_its_own_is_reported_as_overriding_the_length_budget():
+    # The Kimi facts with the plan's length section and serving context length a budgeted plan carries.
+    facts = json.loads(json.dumps(KIMI))
+    facts["plan"]["length"] = {"budget": {"value": 5934, "reason": "longest conversation: ..."}}
+    facts["plan"]["serving"]["context_length"] = {"value": 5934, "reason": "the length budget"}
+    planned = rs.plan_server(_spec(facts=facts))
+    assert planned["argv"][planned["argv"].index("--context-length") + 1] == "5934"
+    assert planned["settings"]["context_length"]["source"] == "plan"
+    assert not any("overrides the plan's length budget" in w for w in planned["warnings"])
+    own = rs.plan_server(_spec(facts=facts, overrides={"context_length": 32768}))
+    assert own["argv"][own["argv"].index("--context-length") + 1] == "32768"
+    note = "sglang_server_context_length=32768 overrides the plan's length budget of 5934 tokens"
+    assert note in own["settings"]["context_length"]["reason"] and any(note in w for w in own["warnings"])
+
+
+def test_the_planned_kv_cache_dtype_reaches_the_line_and_an_empty_override_keeps_the_plan():
+    facts = json.loads(json.dumps(KIMI))
+    facts["plan"]["serving"]["kv_cache_dtype"] = {"value": "fp8_e4m3", "reason": "declared by the checkpoint"}
+    argv = rs.plan_server(_spec(facts=facts))["argv"]
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    assert "--kv-cache-dtype" not in rs.plan_server(_spec())["argv"]  # facts from before: SGLang's auto

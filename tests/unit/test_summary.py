@@ -34,7 +34,13 @@ FACTS = {
             "device": {"value": "cuda"},
         },
         "drafter": {"target_layer_ids": {"value": [1, 15, 30, 44, 58]}, "block_size": {"value": 16}},
-        "generation": {"thinking_switch": {"value": "thinking"}},
+        "generation": {"thinking_switch": {"value": "thinking"}, "concurrency": {"value": 25}},
+        "length": {
+            "prompt_set": {"value": {"method": "tokens"}},
+            "prompt_tokens": {"value": 1830},
+            "max_tokens": {"value": 4096},
+            "budget": {"value": 5934},
+        },
     },
 }
 FACTS["plan_values"] = plan_values(FACTS["plan"])  # as model_plan_info adds it to the facts document
@@ -50,6 +56,10 @@ def test_facts_become_model_tokenizer_and_plan_rows(tmp_path: Path) -> None:
     assert "61 layers" in rows["model"] and "MoE 384 experts top-8 (+1 shared" in rows["model"]
     assert "raw_files" in rows["tokenizer"] and "tiktoken is not installed" in rows["tokenizer"]
     assert "tp=8 ep=8 on cuda" in rows["plan"] and "[1, 15, 30, 44, 58]" in rows["plan"]
+    assert rows["budget"] == (
+        "5934 tokens per sequence (longest prompt 1830 tokens, counted; max_tokens 4096 per turn); "
+        "25 requests in flight"
+    )
 
 
 def test_facts_from_before_plan_values_say_to_reintrospect(tmp_path: Path) -> None:

@@ -21,6 +21,12 @@ keyed hash of (seed, id): the same input and seed give the same sample, whatever
 Output in DIR: `prompts-<fingerprint>-NNNNN.jsonl` shards, `rejects.jsonl` (rows that could not be
 normalized, with the reason), and `manifest.json`, written last, which commits the set. Running again with
 the same sources, contents and options changes nothing (`"changed": false` on stdout).
+
+The manifest's `lengths` are the set's prompt-length statistics the plan's length budget is made of: the
+prompt side of every generated conversation (its system and user turns, assistant turns emptied since they
+are regenerated) in characters and UTF-8 bytes, and in tokens with the model's chat template when
+`--tokenizer DIR` loads; percentiles p50/p90/p99/max, and the longest prompt per number of assistant turns
+to generate (a later turn reads the earlier answers). The held-out evaluation split is not counted.
 One build per directory at a time (`.lock`; a second is refused with the first one's pid).
 
 Exit codes: 0 built or up to date; 2 bad arguments or sources (a damaged .gz, no usable prompt, a second
@@ -37,6 +43,7 @@ import hashlib
 import heapq
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -530,8 +537,162 @@ def in_eval_split(seed: int, rid: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") < fraction * 2**64
 
 
+# ==================================================================================================
+# Prompt-length statistics (the plan's length budget reads them from manifest.json)
+# ==================================================================================================
+
+
+def percentiles(values: list[int]) -> dict[str, int] | None:
+    """p50/p90/p99/max by nearest rank (the value at ceil(q * n) in sorted order); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def at(q: float) -> int:
+        return ordered[max(1, math.ceil(q * n)) - 1]
+
+    return {"p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "max": ordered[-1]}
+
+
+def generated_turns(turns: list[dict[str, str]]) -> int:
+    """Assistant turns the generate stage produces for a conversation (every assistant turn, plus one when it
+    ends with the user), as its turn plan does."""
+    count = sum(1 for t in turns if t["role"] == "assistant")
+    return count + (0 if turns and turns[-1]["role"] == "assistant" else 1)
+
+
+def prompt_view(turns: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The conversation as the server sees its prompt side: assistant turns emptied (they are regenerated)
+    and a trailing assistant turn dropped (the generation prompt takes its place)."""
+    view = [dict(t, content="") if t["role"] == "assistant" else dict(t) for t in turns]
+    if view and view[-1]["role"] == "assistant":
+        view.pop()
+    return view
+
+
+class PromptCounter:
+    """Prompt tokens of conversations with the model's chat template (add_generation_prompt), batched."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.template = bool(getattr(tokenizer, "chat_template", None))
+        self.fallbacks = 0
+
+    def _plain(self, view: list[dict[str, str]]) -> int:
+        # No template (or one that refuses this conversation): the contents, plus a few tokens per turn.
+        ids = self.tokenizer("\n".join(t["content"] for t in view), add_special_tokens=True)["input_ids"]
+        return len(ids) + 8 * len(view)
+
+    def count(self, views: list[list[dict[str, str]]]) -> list[int]:
+        out = []
+        for view in views:
+            if not self.template:
+                out.append(self._plain(view))
+                continue
+            try:
+                ids = self.tokenizer.apply_chat_template(view, tokenize=True, add_generation_prompt=True)
+            except Exception:  # a template that rejects a shape (e.g. strict role alternation)
+                self.fallbacks += 1
+                out.append(self._plain(view))
+                continue
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            out.append(len(ids))
+        return out
+
+
+def load_prompt_counter(path: Path | None) -> tuple[PromptCounter | None, str]:
+    """(counter, why not) for --tokenizer DIR: a tokenizer that does not load leaves tokens uncounted (the
+    plan then bounds them by bytes and says so) rather than failing the prompt set."""
+    if path is None:
+        return None, "no --tokenizer was given"
+    from regen.jobs.tokenize import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(str(path))
+    except ImportError as exc:  # a job venv without transformers still builds the set
+        return None, f"transformers does not import in this interpreter ({exc})"
+    except JobError as exc:
+        return None, str(exc)
+    return PromptCounter(tokenizer), ""
+
+
+class LengthStats:
+    """Per-row prompt lengths of the generated set, summarized for the manifest (`lengths`)."""
+
+    BATCH = 256
+
+    def __init__(self, counter: PromptCounter | None, tokenizer: dict[str, Any] | None, why_not: str):
+        self.counter = counter
+        self.tokenizer = tokenizer
+        self.why_not = why_not
+        self.chars: list[int] = []
+        self.utf8: list[int] = []
+        self.tokens: list[int] = []
+        self.turns: list[int] = []
+        self._pending: list[list[dict[str, str]]] = []
+
+    def add(self, turns: list[dict[str, str]]) -> None:
+        view = prompt_view(turns)
+        text = [t["content"] for t in view]
+        self.chars.append(sum(len(c) for c in text))
+        self.utf8.append(sum(len(c.encode("utf-8", "surrogatepass")) for c in text))
+        self.turns.append(generated_turns(turns))
+        if self.counter is not None:
+            self._pending.append(view)
+            if len(self._pending) >= self.BATCH:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self.tokens.extend(self.counter.count(self._pending))
+            self._pending.clear()
+
+    def summary(self) -> dict[str, Any]:
+        if self.counter is not None:
+            self._flush()
+        counted = self.counter is not None
+        groups: dict[int, dict[str, Any]] = {}
+        for i, turns in enumerate(self.turns):
+            g = groups.setdefault(turns, {"turns": turns, "rows": 0, "max_chars": 0, "max_utf8_bytes": 0,
+                                          "max_tokens": 0 if counted else None})
+            g["rows"] += 1
+            g["max_chars"] = max(g["max_chars"], self.chars[i])
+            g["max_utf8_bytes"] = max(g["max_utf8_bytes"], self.utf8[i])
+            if counted:
+                g["max_tokens"] = max(g["max_tokens"], self.tokens[i])
+        if counted:
+            reason = "counted with the model's chat template (add_generation_prompt)"
+            if self.counter.fallbacks:
+                reason += (f"; {self.counter.fallbacks} conversation(s) the template refused counted as "
+                           "plain text + 8 tokens per turn")
+        else:
+            reason = self.why_not
+        return {
+            "rows": len(self.chars),
+            "chars": percentiles(self.chars),
+            "utf8_bytes": percentiles(self.utf8),
+            "tokens": percentiles(self.tokens) if counted else None,
+            "tokens_reason": reason,
+            "tokenizer": self.tokenizer,
+            "by_turns": [groups[k] for k in sorted(groups)],
+        }
+
+
+def tokenizer_identity(path: Path | None) -> dict[str, Any] | None:
+    """{path, digest} of --tokenizer DIR (its files' digest, as the tokenize job fingerprints them); None
+    when not given or not a directory, so the prompt set is rebuilt (and recounted) when the model changes."""
+    if path is None or not path.is_dir():
+        return None
+    from regen.jobs.tokenize import tokenizer_digest
+
+    return {"path": str(path), "digest": tokenizer_digest(path)}
+
+
 def fingerprint(
-    sources: list[Source], sample: int | None, seed: int, shard_rows: int, eval_fraction: float = 0.0
+    sources: list[Source], sample: int | None, seed: int, shard_rows: int, eval_fraction: float = 0.0,
+    tokenizer: dict[str, Any] | None = None,
 ) -> str:
     desc = []
     for src in sources:
@@ -548,6 +709,8 @@ def fingerprint(
     }
     if eval_fraction > 0:  # absent when off, so sets built before the split keep their fingerprint
         doc["eval_fraction"] = eval_fraction
+    if tokenizer is not None:  # the token counts follow the tokenizer's files, not its path
+        doc["tokenizer"] = tokenizer["digest"]
     return hashlib.sha256(canonical_json(doc)).hexdigest()
 
 
@@ -558,6 +721,8 @@ def up_to_date(out: Path, fp: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(manifest, dict) or manifest.get("fingerprint") != fp:
+        return None
+    if not isinstance(manifest.get("lengths"), dict):  # a set built before the statistics existed
         return None
     for shard in manifest.get("shards", []) + [
         dict(s, path=f"{EVAL_DIR}/{s['path']}") for s in (manifest.get("eval") or {}).get("shards", [])
@@ -580,8 +745,10 @@ def build(
     check: bool = False,
     force: bool = False,
     eval_fraction: float = 0.0,
+    tokenizer: Path | None = None,
 ) -> dict[str, Any]:
-    fp = fingerprint(sources, sample, seed, shard_rows, eval_fraction)
+    identity = tokenizer_identity(tokenizer)
+    fp = fingerprint(sources, sample, seed, shard_rows, eval_fraction, identity)
     existing = None if force else up_to_date(out, fp)
     if existing is not None:
         return {
@@ -592,6 +759,7 @@ def build(
             "eval_rows": (existing.get("eval") or {}).get("rows", 0),
             "manifest": str(out / "manifest.json"),
             "fingerprint": fp,
+            "lengths": existing["lengths"],
         }
     if check:
         return {"changed": True, "manifest": str(out / "manifest.json"), "fingerprint": fp}
@@ -601,8 +769,14 @@ def build(
     # shards and manifests under each other)
     with DirectoryLock(out, "prompts"):
         try:
+            if tokenizer is not None and identity is None:
+                counter, why_not = None, f"--tokenizer {tokenizer} is not a directory"
+            else:
+                counter, why_not = load_prompt_counter(tokenizer)
+            lengths = LengthStats(counter, identity, why_not)
             return _build(
-                sources, out, fp, sample=sample, seed=seed, shard_rows=shard_rows, eval_fraction=eval_fraction
+                sources, out, fp, sample=sample, seed=seed, shard_rows=shard_rows,
+                eval_fraction=eval_fraction, lengths=lengths,
             )
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
@@ -624,8 +798,10 @@ def _build(
     seed: int,
     shard_rows: int,
     eval_fraction: float,
+    lengths: LengthStats | None = None,
 ) -> dict[str, Any]:
     t0 = time.monotonic()
+    lengths = lengths if lengths is not None else LengthStats(None, None, "no --tokenizer was given")
     counts = Counts()
     writer = _ShardWriter(out, fp[:8], shard_rows)
     eval_writer = None
@@ -639,6 +815,7 @@ def _build(
             eval_writer.write(rid, turns)
         else:
             writer.write(rid, turns)
+            lengths.add(turns)
 
     rejects = AtomicFile(out / "rejects.jsonl")
     seen_prompts: set[bytes] = set()  # prompt keys already in the set (16 bytes each)
@@ -761,6 +938,7 @@ def _build(
         "sample": sample,
         "seed": seed,
         "sources": [dict(src.describe(), counts=counts.per_source[src.name]) for src in sources],
+        "lengths": lengths.summary(),
     }
     eval_rows = sum(s["rows"] for s in eval_shards)
     if eval_writer is not None:
@@ -787,6 +965,7 @@ def _build(
         "eval_rows": eval_rows,
         "manifest": str(out / "manifest.json"),
         "fingerprint": fp,
+        "lengths": manifest["lengths"],
     }
 
 
@@ -834,6 +1013,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help=f"hold out this share of the prompts (by a seeded hash of their id) in OUTPUT_DIR/{EVAL_DIR}/",
     )
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="DIR",
+        help="model directory whose tokenizer and chat template count the prompt tokens in the manifest's "
+        "lengths (loaded with trust_remote_code); without it, or when it does not load, only characters "
+        "and bytes are counted",
+    )
     p.add_argument("--check", action="store_true", help="only report whether a build would change the output")
     p.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
     p.add_argument(
@@ -878,6 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
         check=a.check,
         force=a.force,
         eval_fraction=a.eval_fraction,
+        tokenizer=a.tokenizer,
     )
     if not a.check:
         state = "written" if result["changed"] else "up to date"
