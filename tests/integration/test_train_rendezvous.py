@@ -32,8 +32,10 @@ dist.all_reduce(total)
 listening = [[c.laddr.ip, c.laddr.port] for c in psutil.Process().net_connections("inet")
              if c.status == psutil.CONN_LISTEN]
 names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")
-print(json.dumps({"listening": listening, "argv": sys.argv[1:], "sum": total.tolist(),
-                  "env": {k: os.environ.get(k) for k in names}}))
+report = json.dumps({"listening": listening, "argv": sys.argv[1:], "sum": total.tolist(),
+                     "env": {k: os.environ.get(k) for k in names}})
+# One write per line: the ranks share the pipe, and print() may write the text and its newline apart.
+os.write(1, (report + "\n").encode())
 dist.destroy_process_group()
 sys.exit(int(os.environ.get("JOB_EXIT", "0")))
 """
