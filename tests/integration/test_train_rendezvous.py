@@ -35,7 +35,7 @@ names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME
 report = json.dumps({"listening": listening, "argv": sys.argv[1:], "sum": total.tolist(),
                      "env": {k: os.environ.get(k) for k in names}})
 # One write per line: the ranks share the pipe, and print() may write the text and its newline apart.
-os.write(1, (report + "\n").encode())
+os.write(1, (report + "\\n").encode())
 dist.destroy_process_group()
 sys.exit(int(os.environ.get("JOB_EXIT", "0")))
 """
