@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument(
         "--allow-config-change",
         action="store_true",
-        help="resume an output directory that was produced with different generation settings",
+        help="resume an output directory made with other settings: completions made with another model, "
+        "max tokens, sampling, chat-template kwargs or reasoning mode move to superseded.jsonl and are "
+        "generated again; a changed --truncated policy applies to new completions",
     )
 
     srv = p.add_argument_group("server")
