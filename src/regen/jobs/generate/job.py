@@ -810,6 +810,9 @@ class GenerateJob:
         files = resolve_inputs(self.s.inputs)
         prepare_output_dir(self.s.output_dir)
         self.status.arm()  # from here on, an error ends as `failed` in status.json (run_main)
+        # this run's document at once (state "starting"): a run that ends before its first request (a bad
+        # manifest, SIGTERM while it checks the inputs) never leaves the last run's `done` for a reader
+        self.status.maybe_write(self._status_doc, force=True)
         # before a single request: a shard cut short or edited since the prompts job wrote it, or a
         # damaged .gz, stops the job here, not after half of it was generated
         await asyncio.to_thread(verify_manifest, self.s.inputs)
