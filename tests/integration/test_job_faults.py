@@ -454,3 +454,44 @@ def test_a_sigterm_while_generate_opens_its_ledger_is_exit_143_and_interrupted(t
     assert proc.returncode == 143, err
     status = json.loads((out / "status.json").read_text())
     assert (status["state"], status["exit_code"], status["pid"]) == ("interrupted", 143, proc.pid)
+
+
+_LATE_SIGNAL = """
+import os, runpy, signal, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code
+# a SIGTERM (and a Ctrl-C) that comes after the job's end was decided, before its process is gone
+os.kill(os.getpid(), signal.SIGTERM)
+os.kill(os.getpid(), signal.SIGINT)
+print(f"survived with {code}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("job", ["prompts", "generate", "tokenize"])
+def test_a_signal_after_the_end_is_decided_does_not_turn_a_finished_run_into_a_killed_one(
+    tmp_path, job, demo_model_dir
+):
+    """Found by the fault campaign: a SIGTERM just after generate wrote `done` ended it with -15."""
+    from regen.testing.stub_openai_server import StubConfig, StubServer
+
+    src = write_rows(tmp_path / "src.jsonl", 5)
+    prompts = tmp_path / "prompts"
+    assert run([*PROMPTS, "--source", str(src), "--output-dir", str(prompts)]).returncode == 0
+    comp = tmp_path / "c.jsonl"
+    comp.write_text("".join(json.dumps(completion(i)) + "\n" for i in range(5)))
+    with StubServer(StubConfig()) as stub:
+        gen = ["--input", str(prompts), "--output-dir", str(tmp_path / "g"), "--endpoint", stub.url]
+        tok = ["--input", str(comp), "--output-dir", str(tmp_path / "t"), "--tokenizer", str(demo_model_dir)]
+        argv = {
+            "prompts": ["regen.jobs.prompts", "--source", str(src), "--output-dir", str(tmp_path / "p2")],
+            "generate": ["regen.jobs.generate", *gen, "--model", "m", "--no-progress"],
+            "tokenize": ["regen.jobs.tokenize", *tok, "--no-progress"],
+        }[job]
+        r = run([sys.executable, "-c", _LATE_SIGNAL, *argv])
+    assert r.returncode == 0 and "survived with 0" in r.stdout, r.stdout + r.stderr
+    if job != "prompts":
+        status = json.loads((tmp_path / job[0] / "status.json").read_text())
+        assert (status["state"], status["exit_code"]) == ("done", 0)

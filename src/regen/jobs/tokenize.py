@@ -69,6 +69,7 @@ from regen.jobs._common import (
     run_main,
     setup_logging,
     stop_on_sigterm,
+    stop_signals_done,
     want_progress,
 )
 from regen.jobs.status import Status
@@ -790,6 +791,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             done=totals.input_rows,
             total=rows_total,
             tokens=totals.tokens,
+            exit_code=EXIT_OK if state == "done" else None,  # the other endings are written by run_main
         ).document(
             samples=totals.samples,
             rejected=rejected,
@@ -918,6 +920,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         changed |= _write_if_changed(
             out / "stats.json", (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
         )
+        stop_signals_done()  # the dataset is committed: a late SIGTERM must not fail a finished run
         changed |= _write_if_changed(out / "length_histogram.png", histogram_png(doc))
         lock.close()
         summary = {
@@ -1072,4 +1075,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, own_process=True))

@@ -36,6 +36,7 @@ from regen.jobs._common import (
     kv,
     make_progress,
     prepare_output_dir,
+    stop_signals_done,
 )
 from regen.jobs._ledger import ShardStore, id_digest, line_id
 from regen.jobs.generate.endpoints import Endpoint, EndpointPool, EndpointsDown
@@ -864,6 +865,14 @@ class GenerateJob:
                 self.pool.close()
         finally:
             self.store.close()
+        # The end is decided from here on (every request over, the store closed): the loop's handlers go
+        # (asyncio would put back the default, SIGTERM's kill, when the loop closes) and late signals are
+        # ignored, so a finished run cannot end as a killed one beside a status.json that says `done`.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+        stop_signals_done()
         st = self.stats
         if self._fatal is not None:
             self._state, code = "failed", self._fatal[1]
