@@ -340,16 +340,18 @@ class Source:
             added.append(row["id"])
         return added
 
-    def edit(self, count: int, tag: str) -> list[str]:
-        chosen = self.rng.sample(sorted(self.rows), min(count, len(self.rows)))
+    def edit(self, count: int, tag: str, prefer: set[str]) -> list[str]:
+        pool = sorted(prefer & set(self.rows)) or sorted(self.rows)
+        chosen = self.rng.sample(pool, min(count, len(pool)))
         for rid in chosen:
             conv = self.rows[rid]["conversations"]
             last_user = max(i for i, t in enumerate(conv) if t["role"] == "user")
             conv[last_user] = {"role": "user", "content": f"{conv[last_user]['content']} (edited {tag})"}
         return chosen
 
-    def remove(self, count: int) -> list[str]:
-        chosen = self.rng.sample(sorted(self.rows), min(count, max(0, len(self.rows) - 2)))
+    def remove(self, count: int, prefer: set[str]) -> list[str]:
+        pool = sorted(prefer & set(self.rows)) or sorted(self.rows)
+        chosen = self.rng.sample(pool, min(count, max(0, len(self.rows) - 2), len(pool)))
         for rid in chosen:
             del self.rows[rid]
         return chosen
@@ -482,8 +484,15 @@ class Campaign:
             batch = kinds[:]
             self.rng.shuffle(batch)
             order += batch if not order else [self.rng.choice(kinds) for _ in kinds]
+        order = order[: self.c.rounds]
+        # an edit needs completions to supersede: the first round, on an empty disk, is another fault
+        editing = ("prompt_edited", "prompt_removed")
+        if order and order[0] in editing:
+            swap = next((i for i, k in enumerate(order) if k not in editing), None)
+            if swap is not None:
+                order[0], order[swap] = order[swap], order[0]
         plan = []
-        for kind in order[: self.c.rounds]:
+        for kind in order:
             # generation is where most can go wrong: it is hit more often by signals and a full disk
             targets = TARGETS[kind]
             weights = [{"prompts": 1, "generate": 3, "tokenize": 2}[s] for s in targets]
@@ -553,7 +562,10 @@ class Campaign:
         if stage == "prompts" or self.rng.random() < 0.4:
             return "time", self.rng.uniform(0.0, 0.9 * self.usual_seconds(stage))
         left = self.pending(stage)
-        return "progress", float(self.rng.randint(1, max(1, left)))
+        # generate: before its last record; tokenize: up to after its last shard, where only the merge is
+        # left (the time trigger covers the start, before any unit is written)
+        top = max(1, left - 1) if stage == "generate" else max(1, left)
+        return "progress", float(self.rng.randint(1, top))
 
     def pending(self, stage: str) -> int:
         argv = [*self.argv(stage)[3:], "--dry-run"]
@@ -677,6 +689,10 @@ class Campaign:
         said = " ".join(str(x) for x in (status.get("error"), status.get("line"), run.stderr[-4000:]) if x)
         if run.rc == 0 or state in ("done", "succeeded"):
             complete, why = self.stage_complete(run.stage)
+            if run.rc == -signal.SIGKILL and complete and (run.status or {}).get("exit_code") == 0:
+                # SIGKILL cannot be ignored: it came after the job had finished and said so; the role fails
+                # the stage on the signal, and the re-run finds nothing to do
+                return "finished", "finished and said done, then SIGKILL came before the process was gone"
             if run.rc != 0:
                 return "silent_pass", f"status.json says {state} but the job exited {run.rc}"
             if run.stage != "prompts" and state != "done":
@@ -1072,7 +1088,8 @@ class Campaign:
             undo.append(proxy.clear)
             return errors, {"endpoint": proxy.url, "max_retries": 2, "max_outage": 30}, proxy.clear
         if kind == "endpoint_hang":
-            window = rng.uniform(1.0, 5.0)
+            # shorter than the job's retries last (it rides it out) or longer (it gives up and says why)
+            window = rng.choice((rng.uniform(1.0, 4.0), rng.uniform(6.0, 10.0)))
             proxy = self.proxy
 
             def hang() -> None:
@@ -1082,7 +1099,12 @@ class Campaign:
             timeout = rng.choice((1.0, 2.5))
             return (
                 hang,
-                {"endpoint": proxy.url, "max_retries": 2, "request_timeout": timeout, "max_outage": 30},
+                {
+                    "endpoint": proxy.url,
+                    "max_retries": 2,
+                    "request_timeout": timeout,
+                    "max_outage": rng.choice((3, 30)),
+                },
                 proxy.clear,
             )
         return None, {}, lambda: None
@@ -1112,9 +1134,9 @@ class Campaign:
             have = {str(r.get("id")) for r in self.view()["completions"]}
             count = self.rng.choice((1, 2, 3))
             if kind == "prompt_edited":
-                changed = self.source.edit(count, f"in round {number}")
+                changed = self.source.edit(count, f"in round {number}", have)
             else:
-                changed = self.source.remove(count)
+                changed = self.source.remove(count, have)
             expect_moved = len([i for i in changed if i in have])
         self.source.write()
         skipped_reason = ""
