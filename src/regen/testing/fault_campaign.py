@@ -116,6 +116,7 @@ class CampaignConfig:
     server_start_budget_s: float = 300.0
     stage_timeout_s: float = 300.0
     stop_on_problem: bool = False  # stop after the first round with a finding (its disk is kept)
+    mount_disk: bool = True  # False: a plain directory (the disk_full rounds are skipped)
     log: Callable[[str], None] = print
 
 
@@ -255,13 +256,15 @@ class Disk:
     """The pipeline's disk: a tmpfs of its own (root only) that a round can fill; a plain directory when
     mounting is not permitted (then the disk_full rounds are skipped, with the reason)."""
 
-    def __init__(self, point: Path, size: int):
+    def __init__(self, point: Path, size: int, mount: bool = True):
         self.point = point
         self.size = size
         self.mounted = False
         self.reason = ""
         point.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() != 0:
+        if not mount:
+            self.reason = "the campaign was asked not to mount a tmpfs"
+        elif os.geteuid() != 0:
             self.reason = f"mounting a tmpfs needs root (running as uid {os.geteuid()})"
         elif shutil.which("mount") is None:
             self.reason = "no mount command on this host"
@@ -424,7 +427,7 @@ class Campaign:
         root.mkdir(parents=True, exist_ok=True)
         self.logs = root / "logs"
         self.logs.mkdir(exist_ok=True)
-        self.disk = Disk(root / "disk", config.disk_bytes)
+        self.disk = Disk(root / "disk", config.disk_bytes, config.mount_disk)
         self.prompts_dir = self.disk.point / "prompts"
         self.completions_dir = self.disk.point / "completions"
         self.tokenized_dir = self.disk.point / "tokenized"

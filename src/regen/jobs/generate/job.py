@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from regen.jobs._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     JobError,
+    OutputError,
     Reservoir,
     StatusFile,
     count_lines,
@@ -73,6 +75,12 @@ from regen.jobs.status import Status
 
 # HTTP statuses that say the request is not allowed: every other request would be refused the same way.
 AUTH_STATUS = frozenset({401, 403})
+# Output errors a user fixes (free space, another directory), in the words the job uses for them.
+_OUTPUT_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EROFS: "the filesystem is read-only",
+}
 
 log = logging.getLogger("regen.jobs.generate")
 
@@ -654,6 +662,27 @@ class GenerateJob:
             self._refresh_bar()
             self.status.maybe_write(self._status_doc)
 
+    @contextlib.contextmanager
+    def _preparing(self):
+        """A full disk (or a read-only one) while the run is prepared (the ledger repaired, superseded
+        completions moved aside, run.json written): one line that says nothing was generated and what
+        is kept, instead of the bare OS error."""
+        try:
+            yield
+        except OSError as exc:
+            what = _OUTPUT_ERRNOS.get(exc.errno or -1)
+            if what is None:
+                raise
+            found = sum(self.store.report.done_by_kind.values())
+            raise OutputError(
+                f"cannot write to {self.s.output_dir}: {what} ({exc.strerror or exc}) while the run was "
+                f"being prepared (the ledger checked, superseded completions moved aside, run.json written); "
+                f"this "
+                f"run generated nothing, the {found} completion(s) found there are kept (a move aside that "
+                "was cut short is finished by the next run); free space (or choose another --output-dir) "
+                "and run again"
+            ) from None
+
     def _output_failed(self, exc: OSError, lost: int) -> None:
         """The output stopped taking writes (full disk, read-only): stop, and say what was kept."""
         self._stopping = True
@@ -669,11 +698,7 @@ class GenerateJob:
             need = f"; the {remaining} prompt(s) left need about {remaining * avg / 1e6:.1f} MB more"
         elif remaining is not None:
             need = f"; {remaining} prompt(s) are left"
-        what = {
-            28: "the disk is full",  # ENOSPC
-            122: "the disk quota is exhausted",  # EDQUOT
-            30: "the filesystem is read-only",  # EROFS
-        }.get(exc.errno or -1, f"{exc.strerror or exc}")
+        what = _OUTPUT_ERRNOS.get(exc.errno or -1, f"{exc.strerror or exc}")
         reason = (
             f"cannot write to {self.s.output_dir}: {what} ({exc.strerror or exc}); this run wrote "
             f"{written} record(s) before it, {kept} record(s) are kept in total (every one whole: a torn "
@@ -818,7 +843,8 @@ class GenerateJob:
         # damaged .gz, stops the job here, not after half of it was generated
         await asyncio.to_thread(verify_manifest, self.s.inputs)
         self.total = await asyncio.to_thread(lambda: sum(count_lines(p) for p in files))
-        report = self.store.open()
+        with self._preparing():
+            report = self.store.open()
         try:
             if report.recovered_lines or report.truncated_bytes or report.ledger_dropped:
                 log.info(
@@ -826,12 +852,13 @@ class GenerateJob:
                     extra=kv(**{k: v for k, v in report.as_dict().items() if v}),
                 )
             self.check_config()
-            await asyncio.to_thread(self.set_aside_stale, files)
             errors_path = self.s.output_dir / "errors.jsonl"
-            if errors_path.exists():
-                # this run retries those prompts; keep the last run's reasons next to it for reference
-                os.replace(errors_path, self.s.output_dir / "errors.previous.jsonl")
-            errors_fd = os.open(errors_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            with self._preparing():
+                await asyncio.to_thread(self.set_aside_stale, files)
+                if errors_path.exists():
+                    # this run retries those prompts; keep the last run's reasons next to it for reference
+                    os.replace(errors_path, self.s.output_dir / "errors.previous.jsonl")
+                errors_fd = os.open(errors_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._state = "running"
             self._bar = make_progress(self.s.progress, self.total, "generate")
             loop = asyncio.get_running_loop()
