@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from regen.jobs.generate.stale import prompt_key, settings_key
-from regen.testing.fault_campaign import Campaign, CampaignConfig, StageRun, render_markdown
+from regen.testing.fault_campaign import FAULT_KINDS, Campaign, CampaignConfig, StageRun, render_markdown
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def campaign(tmp_path: Path) -> Campaign:
     c.source.add(4)
     c.source.write()
     yield c
-    c.disk.unmount()
+    c.close()
 
 
 def _settings(c: Campaign) -> str:
@@ -152,23 +152,21 @@ def test_a_failure_must_name_its_fault(campaign):
 
 
 def test_the_schedule_takes_every_kind_first_and_never_starts_with_an_edit(tmp_path):
-    for seed in range(6):
-        c = Campaign(
-            CampaignConfig(
-                workdir=tmp_path / str(seed), model_dir=tmp_path, rounds=12, seed=seed, mount_disk=False
-            )
+    def schedule(seed: int, name: str) -> list[tuple[str, str]]:
+        config = CampaignConfig(
+            workdir=tmp_path / name, model_dir=tmp_path, rounds=12, seed=seed, mount_disk=False
         )
-        plan = c.schedule()
-        assert len(plan) == 12 and {k for k, _ in plan[:8]} == set(c.c.kinds)
+        c = Campaign(config)
+        try:
+            return c.schedule()
+        finally:
+            c.close()
+
+    for seed in range(6):
+        plan = schedule(seed, f"a{seed}")
+        assert len(plan) == 12 and {k for k, _ in plan[:8]} == set(FAULT_KINDS)
         assert plan[0][0] not in ("prompt_edited", "prompt_removed")
-        assert (
-            plan
-            == Campaign(
-                CampaignConfig(
-                    workdir=tmp_path / "again", model_dir=tmp_path, rounds=12, seed=seed, mount_disk=False
-                )
-            ).schedule()
-        ), "seeded"
+        assert plan == schedule(seed, f"b{seed}"), "seeded"
 
 
 def test_the_report_table_counts_outcomes_by_kind(campaign):
@@ -176,3 +174,10 @@ def test_the_report_table_counts_outcomes_by_kind(campaign):
     report = campaign.report()
     assert report["ok"] is True and report["rounds"] == 0
     assert "| sigkill | 0 |" in render_markdown(report)
+
+
+def test_a_second_campaign_on_one_work_directory_is_refused(campaign):
+    from regen.jobs._common import JobError
+
+    with pytest.raises(JobError, match=r"another fault campaign job \(pid \d+\)"):
+        Campaign(CampaignConfig(workdir=campaign.c.workdir, model_dir=campaign.c.model_dir, mount_disk=False))

@@ -58,6 +58,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from regen.jobs._common import DirectoryLock
+
 FAULT_KINDS = (
     "sigkill",
     "sigterm",
@@ -262,6 +264,9 @@ class Disk:
         self.mounted = False
         self.reason = ""
         point.mkdir(parents=True, exist_ok=True)
+        if os.path.ismount(point):
+            # a second mount would hide the first campaign's disk from its own running jobs
+            raise RuntimeError(f"{point} is already a mount point: another campaign uses this work directory")
         if not mount:
             self.reason = "the campaign was asked not to mount a tmpfs"
         elif os.geteuid() != 0:
@@ -425,6 +430,8 @@ class Campaign:
         self.rng = random.Random(config.seed)
         root = config.workdir
         root.mkdir(parents=True, exist_ok=True)
+        # one campaign per work directory (the kernel drops the lock with the process)
+        self._lock = DirectoryLock(root, "fault campaign", ".campaign.lock").acquire()
         self.logs = root / "logs"
         self.logs.mkdir(exist_ok=True)
         self.disk = Disk(root / "disk", config.disk_bytes, config.mount_disk)
@@ -475,6 +482,7 @@ class Campaign:
             self.proxy = None
         self.server.stop()
         self.disk.unmount()
+        self._lock.release()
 
     # ------------------------------------------------------------------ schedule
 
