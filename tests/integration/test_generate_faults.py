@@ -7,6 +7,7 @@ cases mount a small tmpfs (the tests run as root; skipped otherwise), unmounted 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -83,6 +84,29 @@ def test_a_full_disk_fails_with_what_was_kept_and_the_next_run_completes(tmp_pat
     assert again.returncode == 0, again.stdout + again.stderr
     got = output_ids(out)
     assert sorted(got) == ids
+
+
+def test_a_disk_full_before_the_first_request_says_nothing_was_generated_and_what_is_kept(tmp_path, tmpfs):
+    """Found by the fault campaign: a disk that filled up before the run started (run.json, the move of
+    superseded completions) ended with the bare OS error, not saying what was kept."""
+    prompts = tmp_path / "p.jsonl"
+    write_prompts(prompts, 6)
+    disk = tmpfs(1024 * 1024)
+    out = disk / "completions"
+    with StubServer(StubConfig()) as stub:
+        assert run(job_args(prompts, out, stub.url)).returncode == 0
+        write_prompts(prompts, 8)  # two more: the prompt set changed, the run reconciles first
+        filler = disk / "filler"
+        with open(filler, "wb", buffering=0) as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 4096)
+        r = run(job_args(prompts, out, stub.url))
+        assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr
+        assert "the disk is full" in r.stderr and "while the run was being prepared" in r.stderr, r.stderr
+        assert "this run generated nothing, the 6 completion(s) found there are kept" in r.stderr, r.stderr
+        filler.unlink()
+        assert run(job_args(prompts, out, stub.url)).returncode == 0
+    assert sorted(output_ids(out)) == sorted(f"id-{i:05d}" for i in range(8))
 
 
 def test_a_read_only_output_fails_at_once(tmp_path, tmpfs):

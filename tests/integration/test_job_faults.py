@@ -385,3 +385,113 @@ def test_tokenize_status_beats_while_a_long_shard_runs(tmp_path, demo_model_dir,
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
+
+
+def _wait_for_state(path: Path, state: str, pid: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        if doc.get("pid") == pid and doc.get("state") == state:
+            return doc
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never said {state} for pid {pid}")
+
+
+def test_a_sigterm_while_tokenize_starts_leaves_its_own_status_not_the_last_runs_done(
+    tmp_path, demo_model_dir
+):
+    """Found by the fault campaign: a SIGTERM while the tokenizer loaded left the last run's `done` there."""
+    comp = tmp_path / "c.jsonl"
+    comp.write_text("".join(json.dumps(completion(i)) + "\n" for i in range(20)))
+    out = tmp_path / "o"
+    args = [*TOKENIZE, "--input", str(comp), "--output-dir", str(out), "--tokenizer", str(demo_model_dir)]
+    args += ["--no-progress", "--status-interval", "0.2"]
+    assert run(args).returncode == 0
+    assert json.loads((out / "status.json").read_text())["state"] == "done"
+    with open(comp, "a") as fh:
+        fh.write(json.dumps(completion(99)) + "\n")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_state(out / "status.json", "starting", proc.pid)  # this run's, while the tokenizer loads
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    status = json.loads((out / "status.json").read_text())
+    assert validate(status) == [] and (status["state"], status["exit_code"], status["pid"]) == (
+        "interrupted",
+        143,
+        proc.pid,
+    )
+
+
+def test_a_sigterm_while_generate_opens_its_ledger_is_exit_143_and_interrupted(tmp_path):
+    """Before its run loop sets its own handler, a SIGTERM killed the generation job outright (exit -15),
+    status.json still holding the last run's `done`."""
+    from regen.jobs._ledger import LEDGER_NAME
+
+    prompts = tmp_path / "p.jsonl"
+    out = tmp_path / "out"
+    out.mkdir()
+    n = 400_000  # a ledger rebuilt from 400k completion lines: a second or two of opening to hit
+    with open(prompts, "w") as fh, open(out / "completions-00000.jsonl", "w") as shard:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"q{i}", "conversations": [{"role": "user", "content": "q"}]}) + "\n")
+            shard.write(
+                json.dumps({"id": f"q{i}", "conversations": [{"role": "user", "content": "q"}]}) + "\n"
+            )
+    (out / "status.json").write_text(
+        json.dumps(Status(job="generate", state="done", item="record", line="old", exit_code=0).document())
+    )
+    assert not (out / LEDGER_NAME).exists()
+    args = [sys.executable, "-m", "regen.jobs.generate", "--input", str(prompts), "--output-dir", str(out)]
+    args += ["--endpoint", "http://127.0.0.1:9", "--model", "m", "--no-progress", "--status-interval", "0.2"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_state(out / "status.json", "starting", proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    status = json.loads((out / "status.json").read_text())
+    assert (status["state"], status["exit_code"], status["pid"]) == ("interrupted", 143, proc.pid)
+
+
+_LATE_SIGNAL = """
+import os, runpy, signal, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code
+# a SIGTERM (and a Ctrl-C) that comes after the job's end was decided, before its process is gone
+os.kill(os.getpid(), signal.SIGTERM)
+os.kill(os.getpid(), signal.SIGINT)
+print(f"survived with {code}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("job", ["prompts", "generate", "tokenize"])
+def test_a_signal_after_the_end_is_decided_does_not_turn_a_finished_run_into_a_killed_one(
+    tmp_path, job, demo_model_dir
+):
+    """Found by the fault campaign: a SIGTERM just after generate wrote `done` ended it with -15."""
+    from regen.testing.stub_openai_server import StubConfig, StubServer
+
+    src = write_rows(tmp_path / "src.jsonl", 5)
+    prompts = tmp_path / "prompts"
+    assert run([*PROMPTS, "--source", str(src), "--output-dir", str(prompts)]).returncode == 0
+    comp = tmp_path / "c.jsonl"
+    comp.write_text("".join(json.dumps(completion(i)) + "\n" for i in range(5)))
+    with StubServer(StubConfig()) as stub:
+        gen = ["--input", str(prompts), "--output-dir", str(tmp_path / "g"), "--endpoint", stub.url]
+        tok = ["--input", str(comp), "--output-dir", str(tmp_path / "t"), "--tokenizer", str(demo_model_dir)]
+        argv = {
+            "prompts": ["regen.jobs.prompts", "--source", str(src), "--output-dir", str(tmp_path / "p2")],
+            "generate": ["regen.jobs.generate", *gen, "--model", "m", "--no-progress"],
+            "tokenize": ["regen.jobs.tokenize", *tok, "--no-progress"],
+        }[job]
+        r = run([sys.executable, "-c", _LATE_SIGNAL, *argv])
+    assert r.returncode == 0 and "survived with 0" in r.stdout, r.stdout + r.stderr
+    if job != "prompts":
+        status = json.loads((tmp_path / job[0] / "status.json").read_text())
+        assert (status["state"], status["exit_code"]) == ("done", 0)

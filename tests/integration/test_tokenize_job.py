@@ -459,3 +459,32 @@ def test_an_unexpected_error_costs_one_row_not_the_job(demo_model_dir, tmp_path,
         and reject["reason"] == "internal_error"
         and "injected fault" in reject["detail"]
     )
+
+
+def test_a_run_stopped_after_its_shards_before_the_merge_is_merged_by_the_next(
+    demo_model_dir, tmp_path, monkeypatch, capsys
+):
+    """Every shard committed, then the job died before merging conversations.jsonl (a full disk there, or a
+    kill): the next run must merge, and its dry run must not call the output complete before that."""
+    from regen.jobs import tokenize
+
+    inp = tmp_path / "c.jsonl"
+    write_completions(inp, n=20, bad=False)
+    out = tmp_path / "out"
+    assert run(demo_model_dir, inp, out) == 0
+    with open(inp, "ab") as fh:  # the generation job appended rows
+        fh.write(b"".join(json.dumps(_record(i)).encode() + b"\n" for i in range(100, 110)))
+
+    def full(*args):
+        raise OSError(28, "No space left on device")  # the merged file is the largest write of the run
+
+    monkeypatch.setattr(tokenize, "_concat", full)
+    assert run_main(lambda argv: run(demo_model_dir, inp, out)) == 5
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert run(demo_model_dir, inp, out, "--dry-run") == 0
+    assert json.loads(capsys.readouterr().out)["complete"] is False, "the merge is still to be done"
+    assert run(demo_model_dir, inp, out, "--json") == 0
+    ids = [json.loads(x)["id"] for x in (out / "conversations.jsonl").read_text().splitlines()]
+    assert sorted(ids) == sorted(r["id"] for r in read_rows(out)) and len(ids) == 30
+    assert json.loads((out / "stats.json").read_text())["samples"] == 30

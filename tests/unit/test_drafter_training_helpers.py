@@ -291,6 +291,23 @@ def test_count_follows_specforges_filter(tmp_path: Path) -> None:
         capture.count(jsonl, 2048, None)
 
 
+@pytest.mark.parametrize("state", ["failed", "interrupted", "running", "starting"])
+def test_a_tokenize_output_whose_job_did_not_finish_is_refused(tmp_path: Path, state: str) -> None:
+    _tokenized(tmp_path / "tok")
+    status = {
+        "job": "tokenize",
+        "state": state,
+        "error": "No space left on device" if state == "failed" else None,
+    }
+    (tmp_path / "tok" / "status.json").write_text(json.dumps(status))
+    with pytest.raises(capture.CaptureError, match=rf"did not finish \(status.json: state '{state}'"):
+        capture.count(tmp_path / "tok", 2048, None)
+    with pytest.raises(capture.CaptureError, match="did not finish"):
+        capture.count(tmp_path / "tok" / "data", 2048, None)  # pointed at data/ itself
+    (tmp_path / "tok" / "status.json").write_text(json.dumps({**status, "state": "done", "error": None}))
+    assert capture.count(tmp_path / "tok", 2048, None)["samples"] == 3
+
+
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch

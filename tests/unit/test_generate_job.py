@@ -13,6 +13,7 @@ import pytest
 
 from regen.jobs import generate as G
 from regen.jobs._common import JobError
+from regen.jobs._ledger import ShardStore
 from regen.jobs.status import validate
 from regen.testing.stub_openai_server import StubConfig, StubServer
 
@@ -308,9 +309,93 @@ def test_resume_skips_done_prompts(tmp_path, stub):
 def test_changed_settings_are_refused_unless_allowed(tmp_path, stub):
     simple_prompts(tmp_path, 1)
     assert run(settings(tmp_path, [stub.url]))[0] == 0
-    with pytest.raises(JobError, match=r"max_tokens: 64 -> 65.*--allow-config-change"):
+    with pytest.raises(JobError, match=r"max_tokens: 64 -> 65.*--allow-config-change to generate them again"):
         run(settings(tmp_path, [stub.url], max_tokens=65))
     assert run(settings(tmp_path, [stub.url], max_tokens=65, allow_config_change=True))[0] == 0
+
+
+def aside_lines(out: Path) -> list[dict]:
+    path = out / "superseded.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"max_tokens": 65},
+        {"temperature": 0.7},
+        {"chat_template_kwargs": {"thinking": True}},
+        {"model": "other-model"},
+        {"reasoning": "inline"},
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_changed_answer_settings_regenerate_and_move_the_old_completions_aside(tmp_path, stub, change):
+    simple_prompts(tmp_path, 3)
+    assert run(settings(tmp_path, [stub.url]))[0] == 0
+    before = records(tmp_path / "out")
+    sent = len(stub.requests)
+    changed = settings(tmp_path, [stub.url], allow_config_change=True, **change)
+    assert G.dry_run(changed)["complete"] is False and G.dry_run(changed)["pending"] == 3
+    code, job = run(changed)
+    assert code == 0 and job.stats.done == 3 and len(stub.requests) == sent + 3, "all three made again"
+    after = records(tmp_path / "out")
+    assert sorted(after) == ["p0", "p1", "p2"]
+    assert all(after[i]["settings_key"] != before[i]["settings_key"] for i in after)
+    moved = aside_lines(tmp_path / "out")
+    assert sorted((m["reason"], m["record"]["id"]) for m in moved) == [
+        ("settings_changed", i) for i in ("p0", "p1", "p2")
+    ]
+    assert [m["record"] for m in sorted(moved, key=lambda m: m["record"]["id"])] == [
+        before[i] for i in ("p0", "p1", "p2")
+    ]
+    status = json.loads((tmp_path / "out" / "status.json").read_text())
+    assert (status["settings_changed"], status["superseded"], status["state"]) == (3, 0, "done")
+    # the same settings again: nothing moves, nothing is sent
+    code, job = run(settings(tmp_path, [stub.url], **change))
+    assert code == 0 and job.stats.skipped == 3 and len(stub.requests) == sent + 3
+    assert len(aside_lines(tmp_path / "out")) == 3 and G.dry_run(changed)["complete"] is True
+
+
+def test_a_settings_change_that_is_refused_changes_nothing(tmp_path, stub):
+    simple_prompts(tmp_path, 2)
+    assert run(settings(tmp_path, [stub.url]))[0] == 0
+    out = tmp_path / "out"
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name.startswith(("completions", "run"))}
+    with pytest.raises(JobError, match=r"the 2 completion\(s\) there move to superseded.jsonl"):
+        run(settings(tmp_path, [stub.url], temperature=1.0))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name in before} == before
+    assert aside_lines(out) == []
+
+
+def test_a_kill_before_the_move_leaves_the_old_completions_to_the_next_run(tmp_path, stub, monkeypatch):
+    """Killed after the settings check, before the old completions moved aside: the next run must still
+    move them (run.json may not claim the new settings before the directory holds only their records)."""
+    simple_prompts(tmp_path, 2)
+    assert run(settings(tmp_path, [stub.url]))[0] == 0
+
+    def killed(self, reason_for, aside):
+        raise KeyboardInterrupt  # stands in for a SIGKILL just before the move
+
+    monkeypatch.setattr(ShardStore, "move_aside", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(settings(tmp_path, [stub.url], max_tokens=8, allow_config_change=True))
+    monkeypatch.undo()
+    code, job = run(settings(tmp_path, [stub.url], max_tokens=8, allow_config_change=True))
+    assert code == 0 and job.stats.done == 2
+    assert all(r["provenance"]["max_tokens"] == 8 for r in records(tmp_path / "out").values())
+    assert len(aside_lines(tmp_path / "out")) == 2, "each old completion is listed once"
+
+
+def test_a_truncation_policy_change_applies_to_new_completions_only(tmp_path, stub):
+    simple_prompts(tmp_path, 2)
+    assert run(settings(tmp_path, [stub.url]))[0] == 0
+    sent = len(stub.requests)
+    with pytest.raises(JobError, match=r"truncated: 'keep' -> 'drop'.*apply the new truncation policy"):
+        run(settings(tmp_path, [stub.url], truncated="drop"))
+    code, job = run(settings(tmp_path, [stub.url], truncated="drop", allow_config_change=True))
+    assert code == 0 and job.stats.skipped == 2 and len(stub.requests) == sent
+    assert aside_lines(tmp_path / "out") == []
 
 
 def test_status_file_and_dry_run(tmp_path, stub):

@@ -255,8 +255,12 @@ def test_a_kill_inside_move_aside_loses_nothing_and_the_next_move_finishes_it(tm
     write_records(tmp_path, [f"r{i}" for i in range(6)], shard_records=4)
     store = reopen(tmp_path, shard_records=4)
 
-    def killed(*args):
-        raise KeyboardInterrupt  # stands in for a SIGKILL after the ledger is gone, before any rewrite
+    real_replace = os.replace
+
+    def killed(src, dst):
+        if str(src).endswith(".rewrite.tmp"):
+            raise KeyboardInterrupt  # stands in for a SIGKILL after the ledger is gone, before any rewrite
+        real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
@@ -269,3 +273,72 @@ def test_a_kill_inside_move_aside_loses_nothing_and_the_next_move_finishes_it(tm
     assert store.move_aside(_doomed({"r1"}), tmp_path / "aside.jsonl") == {"orphaned": 1}
     store.close()
     assert sorted(shard_ids(tmp_path)) == ["r0", "r2", "r3", "r4", "r5"]
+    assert aside_ids(tmp_path / "aside.jsonl") == ["r1"], "listed once, though the first move wrote it"
+    assert not store.move_aside_pending(tmp_path / "aside.jsonl")
+
+
+def aside_ids(path: Path) -> list[str]:
+    return [json.loads(x)["record"]["id"] for x in path.read_bytes().splitlines()]
+
+
+def test_a_kill_between_two_shard_rewrites_lists_every_moved_record_once(tmp_path, monkeypatch):
+    write_records(tmp_path, [f"r{i}" for i in range(8)], shard_records=4)
+    aside = tmp_path / "aside.jsonl"
+    aside.write_bytes(b'{"reason": "orphaned", "shard": "x", "record": {"id": "earlier"}}\n')
+    store = reopen(tmp_path, shard_records=4)
+    real_replace = os.replace
+    calls: list = []
+
+    def killed_on_the_second(src, dst):
+        if str(src).endswith(".rewrite.tmp"):
+            calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # one shard rewritten, the other not yet
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        store.move_aside(_doomed({"r1", "r6"}), aside)
+    monkeypatch.undo()
+    store.close()
+    assert store.move_aside_pending(aside)
+    assert sorted(shard_ids(tmp_path)) == ["r0", "r2", "r3", "r4", "r5", "r6", "r7"]
+    # the next run's prompt set moves one more record: appended once, the rest not again
+    store = reopen(tmp_path, shard_records=4)
+    assert store.move_aside(_doomed({"r1", "r6", "r7"}), aside) == {"orphaned": 2}
+    store.close()
+    assert sorted(shard_ids(tmp_path)) == ["r0", "r2", "r3", "r4", "r5"]
+    assert aside_ids(aside) == ["earlier", "r1", "r6", "r7"]
+    assert not store.move_aside_pending(aside)
+
+
+def test_a_kill_while_appending_to_the_aside_file_leaves_no_torn_line(tmp_path, monkeypatch):
+    write_records(tmp_path, [f"r{i}" for i in range(4)])
+    aside = tmp_path / "aside.jsonl"
+    store = reopen(tmp_path)
+    from regen.jobs import _ledger
+
+    def torn(fd, data):
+        os.write(fd, data[: len(data) // 2 + 3])  # half of what was to be appended reached the disk
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_ledger, "write_all", torn)
+    with pytest.raises(KeyboardInterrupt):
+        store.move_aside(_doomed({"r0", "r1", "r2"}), aside)
+    monkeypatch.undo()
+    store.close()
+    assert not aside.read_bytes().endswith(b"\n")
+    store = reopen(tmp_path)
+    assert store.move_aside(_doomed({"r0", "r1", "r2"}), aside) == {"orphaned": 3}
+    store.close()
+    assert aside_ids(aside) == ["r0", "r1", "r2"] and shard_ids(tmp_path) == ["r3"]
+
+
+def test_a_torn_line_left_in_the_aside_file_by_an_older_run_is_cut_before_appending(tmp_path):
+    write_records(tmp_path, ["a", "b"])
+    aside = tmp_path / "aside.jsonl"
+    aside.write_bytes(b'{"reason": "orphaned", "shard": "x", "record": {"id": "old"}}\n{"reason": "orph')
+    store = reopen(tmp_path)
+    store.move_aside(_doomed({"a"}), aside)
+    store.close()
+    assert aside_ids(aside) == ["old", "a"]

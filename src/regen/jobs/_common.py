@@ -64,18 +64,36 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _raise_terminated)
 
 
+def stop_signals_done() -> None:
+    """The job's end is decided (its output committed, its final status about to be written): a SIGTERM
+    or SIGINT from here on changes nothing, so it is ignored instead of turning a finished run into a
+    killed one (exit -15 or 143 beside a status file that says `done`). Only in a job's own process: a
+    caller that runs a job's main in-process (tests) keeps its handlers."""
+    if _OWN_PROCESS:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class OutputError(JobError):
     """The output cannot be written (a file in the way, a read-only filesystem, a full disk)."""
 
     exit_code = EXIT_OUTPUT
 
 
-def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+_OWN_PROCESS = False  # set by the job CLIs' entry points: the process is the job's own
+
+
+def run_main(
+    main: Callable[[list[str] | None], int], argv: list[str] | None = None, *, own_process: bool = False
+) -> int:
     """Run a job's main: a `JobError` becomes one readable line, anything else a crash (exit 4).
 
     Either way the job's status file (every `StatusFile` that `arm()`ed itself) is rewritten to say
     `failed`, with the reason and the exit code, so that no reader is left with `running`.
+    `own_process`: the entry point of a job's CLI (`python -m regen.jobs.X`), see `stop_signals_done`.
     """
+    global _OWN_PROCESS
+    _OWN_PROCESS = _OWN_PROCESS or own_process
     try:
         return main(argv)
     except JobError as exc:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from regen.fsio import fsync_dir, write_all
+from regen.fsio import atomic_write_bytes, fsync_dir, write_all
 
 from ._common import DirectoryLock, kv
 
@@ -83,6 +83,30 @@ def line_id(raw: bytes) -> str | None:
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     return str(value)
+
+
+def _whole_lines_size(path: Path, chunk: int = 1 << 16) -> int:
+    """The size of `path` up to its last newline, a torn last line cut off (0 when there is no file)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return 0
+    try:
+        size = end = os.fstat(fd).st_size
+        while end > 0:
+            start = max(0, end - chunk)
+            at = os.pread(fd, end - start, start).rfind(b"\n")
+            if at >= 0:
+                end = start + at + 1
+                break
+            end = start
+        if end != size:
+            log.warning("cutting a torn last line off a file", extra=kv(file=str(path), offset=end))
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+        return end
+    finally:
+        os.close(fd)
 
 
 class IdIndex:
@@ -448,19 +472,71 @@ class ShardStore:
                 os.fsync(cur.fd)
             del buffers[num]
 
+    @staticmethod
+    def _aside_intent(aside: Path) -> Path:
+        return aside.with_name(f".{aside.name}.intent")
+
+    def move_aside_pending(self, aside: Path) -> bool:
+        """Whether a `move_aside` into `aside` was interrupted (the next one must run to finish it)."""
+        return self._aside_intent(aside).exists()
+
+    def _resume_aside(self, aside: Path, intent: Path) -> set[bytes]:
+        """After a kill inside `move_aside`: the lines it had appended to `aside` already (by their shard
+        and record), a torn last line cut off. Those are not appended again: each moved record is in
+        `aside` exactly once."""
+        try:
+            start = int(json.loads(intent.read_text())["aside_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            start = None  # an intent torn by the kill before it was durable: nothing was appended
+        if start is None or not aside.exists():
+            return set()
+        appended: set[bytes] = set()
+        with open(aside, "r+b") as fh:
+            fh.seek(start)
+            offset = start
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break
+                appended.add(self._aside_key(raw))
+                offset += len(raw)
+            if offset < os.fstat(fh.fileno()).st_size:
+                log.warning(
+                    "cutting a torn line off the moved-aside records",
+                    extra=kv(file=aside.name, offset=offset),
+                )
+                fh.truncate(offset)
+                os.fsync(fh.fileno())
+        return appended
+
+    @staticmethod
+    def _aside_key(line: bytes) -> bytes:
+        """What makes a moved line the same line again: its shard and its record, not its reason (which a
+        second attempt with another prompt set may see differently)."""
+        try:
+            doc = json.loads(line)
+            ident = json.dumps([doc.get("shard"), doc.get("record")], sort_keys=True).encode()
+        except ValueError:
+            ident = line.rstrip(b"\n")
+        return hashlib.blake2b(ident, digest_size=16).digest()
+
     def move_aside(self, reason_for, aside: Path) -> dict[str, int]:
         """Move every record line for which `reason_for(line)` names a reason out of the shards into
         `aside` (one `{"reason", "shard", "record"}` object per line), then rebuild the ledger.
 
         For records that later stages must not read (superseded by an edited prompt, orphaned by a removed
-        one): moved, never deleted. Call right after `open()`, before any `append`. Crash-safe in this
-        order: the moved lines are durable in `aside` first; the ledger goes next (a rebuilt ledger never
-        points into a rewritten shard); then each shard is replaced atomically. A kill in between leaves
-        the stale lines in their shards, found and moved again by the next run (the aside file may then
-        hold a line twice; the shards never do).
+        one): moved, never deleted, and listed in `aside` exactly once. Call right after `open()`, before
+        any `append`. Crash-safe in this order: an intent file records the size of `aside` before the move
+        (durable first); the moved lines are durable in `aside` next; the ledger goes next (a rebuilt
+        ledger never points into a rewritten shard); then each shard is replaced atomically; the intent
+        goes last. A kill in between leaves the stale lines in their shards (some shards rewritten, some
+        not), found and moved again by the next call, which appends only the lines that the interrupted
+        one had not (`_resume_aside`).
         """
         if self.read_only or self._ledger_fd is None or self._current:
             raise RuntimeError("move_aside needs a store just opened for writing")
+        intent = self._aside_intent(aside)
+        resuming = intent.exists()
+        appended = self._resume_aside(aside, intent) if resuming else set()
         plan: list[tuple[Path, list[bytes], list[bytes]]] = []
         counts: dict[str, int] = {}
         moved: list[bytes] = []
@@ -475,20 +551,30 @@ class ShardStore:
                         continue
                     gone.append(raw)
                     counts[reason] = counts.get(reason, 0) + 1
-                    moved.append(
-                        b'{"reason": %s, "shard": %s, "record": %s}\n'
-                        % (json.dumps(reason).encode(), json.dumps(path.name).encode(), raw.rstrip(b"\n"))
+                    entry = b'{"reason": %s, "shard": %s, "record": %s}\n' % (
+                        json.dumps(reason).encode(),
+                        json.dumps(path.name).encode(),
+                        raw.rstrip(b"\n"),
                     )
+                    if not appended or self._aside_key(entry) not in appended:
+                        moved.append(entry)
             if gone:
                 plan.append((path, keep, gone))
         if not plan:
+            if resuming:
+                intent.unlink()
+                fsync_dir(self.dir)
             return counts
-        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            write_all(fd, b"".join(moved))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if not resuming:
+            size = _whole_lines_size(aside)
+            atomic_write_bytes(intent, json.dumps({"aside_size": size}).encode() + b"\n")
+        if moved:
+            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                write_all(fd, b"".join(moved))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.close(self._ledger_fd)
         self._ledger_fd = None
         os.unlink(self.dir / LEDGER_NAME)
@@ -503,6 +589,8 @@ class ShardStore:
                 os.replace(tmp, path)
             else:
                 os.unlink(path)
+        fsync_dir(self.dir)
+        intent.unlink()
         fsync_dir(self.dir)
         self.index = IdIndex()
         self.report = OpenReport()

@@ -456,4 +456,4 @@ def _load_json(path: Path) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, own_process=True))

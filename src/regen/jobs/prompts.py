@@ -71,6 +71,7 @@ from ._common import (
     setup_logging,
     sha256_file,
     stop_on_sigterm,
+    stop_signals_done,
 )
 
 log = logging.getLogger("regen.jobs.prompts")
@@ -949,6 +950,7 @@ def _build(
             "shards": eval_shards,
         }
     atomic_write_json(out / "manifest.json", manifest)  # the commit point
+    stop_signals_done()  # committed: a late SIGTERM must not report "nothing committed"
     _remove_stale(out, {s["path"] for s in shards})
     if (out / EVAL_DIR).is_dir():
         _remove_stale(out / EVAL_DIR, {s["path"] for s in eval_shards})
@@ -1079,4 +1081,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, own_process=True))

@@ -69,6 +69,7 @@ from regen.jobs._common import (
     run_main,
     setup_logging,
     stop_on_sigterm,
+    stop_signals_done,
     want_progress,
 )
 from regen.jobs.status import Status
@@ -396,18 +397,28 @@ def process_shard(task: ShardTask) -> dict[str, Any]:
     )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    atomic_write_bytes(out / "data" / f"{task.name}.parquet", sink.getvalue().to_pybytes())
-    atomic_write_bytes(out / "conversations" / f"{task.name}.jsonl", b"".join(conversations))
-    atomic_write_bytes(out / "rejects" / f"{task.name}.jsonl", b"".join(rejects))
     marker = {
         "name": task.name,
         "source": task.source,
         "fingerprint": task.fingerprint,
         "stats": stats.to_json(),
     }
-    atomic_write_bytes(
-        out / "state" / f"{task.name}.json", json.dumps(marker, separators=(",", ":")).encode()
-    )
+    # The marker commits the shard. An old one goes first: from here until the new one lands, the shard
+    # is not committed. A write that fails (a full disk, SIGTERM) takes the shard's new files with it, so
+    # no later stage finds a shard in data/ that no marker vouches for (a SIGKILL can leave one; the next
+    # run redoes it, and the train stage refuses a tokenize run that did not finish).
+    (out / "state" / f"{task.name}.json").unlink(missing_ok=True)
+    try:
+        atomic_write_bytes(out / "data" / f"{task.name}.parquet", sink.getvalue().to_pybytes())
+        atomic_write_bytes(out / "conversations" / f"{task.name}.jsonl", b"".join(conversations))
+        atomic_write_bytes(out / "rejects" / f"{task.name}.jsonl", b"".join(rejects))
+        atomic_write_bytes(
+            out / "state" / f"{task.name}.json", json.dumps(marker, separators=(",", ":")).encode()
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _remove_shard(out, task.name)
+        raise
     return marker
 
 
@@ -565,6 +576,23 @@ def _committed(out: Path, task: ShardTask) -> dict[str, Any] | None:
     return marker
 
 
+def merge_digest(names: list[str], fingerprints: list[str]) -> str:
+    """What the merged files (conversations.jsonl, rejects.jsonl, stats.json) were made of: the shards,
+    in order, by name and fingerprint. stats.json records it, last: a merge that did not finish (a full
+    disk, a kill after the last shard) leaves another digest there, and the next run merges again."""
+    h = hashlib.sha256()
+    for name, fingerprint in zip(names, fingerprints, strict=True):
+        h.update(f"{name}\t{fingerprint}\n".encode())
+    return h.hexdigest()
+
+
+def _merged_digest(out: Path) -> str | None:
+    try:
+        return json.loads((out / "stats.json").read_bytes()).get("merged")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _concat(out: Path, names: list[str], sub: str, target: str) -> None:
     """Merge shard files in shard order into one file, atomically."""
     with AtomicFile(out / target) as merged:
@@ -669,7 +697,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tasks = list(plan_shards(files, args.shard_size, fingerprint))
         pending = [t.name for t in tasks if _committed(out, t) is None]
         stale = _stale_shards(out, {t.name for t in tasks})
-        merged = all((out / f).is_file() for f in ("stats.json", "conversations.jsonl", "rejects.jsonl"))
+        merged = all(
+            (out / f).is_file() for f in ("stats.json", "conversations.jsonl", "rejects.jsonl")
+        ) and _merged_digest(out) == merge_digest([t.name for t in tasks], [t.fingerprint for t in tasks])
         return {
             "shards": len(tasks),
             "pending": len(pending),
@@ -677,18 +707,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "complete": not pending and not stale and merged,
             "output_dir": str(out),
         }
-
-    # The driver loads the tokenizer too: bad settings fail here, once, before any worker starts.
-    _init_worker(settings)
-    mask_doc = None
-    if settings.mask_token_id is not None:
-        try:
-            token = check_mask_token(_CTX["tokenizer"], settings.mask_token_id)
-        except ValueError as exc:
-            raise JobError(
-                f"--mask-token-id: {exc}; take the id from the model facts (plan.drafter.mask_token_id)"
-            ) from None
-        mask_doc = {"id": settings.mask_token_id, "token": token, "in_vocab": True}
 
     prepare_output_dir(out)
     lock = _lock(out)  # held until the process exits; the kernel drops it if the process is killed
@@ -702,6 +720,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.status_file or out / "status.json", interval=args.status_interval, job="tokenize"
     )
     status.arm()  # an error from here on ends as `failed` in status.json (run_main)
+
+    # Before the slow part (loading the tokenizer): from now on status.json is this run's, so a run that
+    # ends early (bad settings, SIGTERM) never leaves the last run's `done` there for a reader to believe;
+    # it beats while the tokenizer loads too (a thread, joined before any worker is forked).
+    def starting() -> dict[str, Any]:
+        return Status(
+            job="tokenize",
+            state="starting",
+            item="row",
+            line="tokenize: state=starting (loading the tokenizer)",
+            done=0,
+        ).document(heartbeat_s=args.status_interval)
+
+    status.maybe_write(starting, force=True)
+    loaded = threading.Event()
+
+    def beat_while_loading() -> None:
+        while not loaded.wait(max(0.05, args.status_interval)):
+            status.maybe_write(starting, force=True)
+
+    loading_beat = threading.Thread(target=beat_while_loading, name="status-heartbeat-start", daemon=True)
+    loading_beat.start()
+    try:
+        # The driver loads the tokenizer too: bad settings fail here, once, before any worker starts.
+        _init_worker(settings)
+        mask_doc = None
+        if settings.mask_token_id is not None:
+            try:
+                token = check_mask_token(_CTX["tokenizer"], settings.mask_token_id)
+            except ValueError as exc:
+                raise JobError(
+                    f"--mask-token-id: {exc}; take the id from the model facts (plan.drafter.mask_token_id)"
+                ) from None
+            mask_doc = {"id": settings.mask_token_id, "token": token, "in_vocab": True}
+    finally:
+        loaded.set()
+        loading_beat.join()
     rows_total = sum(count_lines(p) for p in files)
     repeated, examples = duplicate_ids(files)
     if repeated:
@@ -717,6 +772,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     progress = make_progress(want_progress(args.progress), rows_total, "tokenize", unit="row")
     totals = Stats()
     names: list[str] = []
+    fingerprints: list[str] = []
     written = 0
     started = time.monotonic()
 
@@ -735,6 +791,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             done=totals.input_rows,
             total=rows_total,
             tokens=totals.tokens,
+            exit_code=EXIT_OK if state == "done" else None,  # the other endings are written by run_main
         ).document(
             samples=totals.samples,
             rejected=rejected,
@@ -777,6 +834,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             beater.start()
             for task in plan_shards(files, args.shard_size, fingerprint):
                 names.append(task.name)
+                fingerprints.append(task.fingerprint)
                 marker = _committed(out, task)
                 if marker is None:
                     task.output_dir = str(out)
@@ -795,6 +853,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 inflight: set[Future] = set()
                 for task in plan_shards(files, args.shard_size, fingerprint):
                     names.append(task.name)
+                    fingerprints.append(task.fingerprint)
                     marker = _committed(out, task)
                     if marker is not None:
                         account(marker)
@@ -831,52 +890,67 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if progress is not None:
             progress.close()
 
-    stale = _stale_shards(out, set(names))
-    for name in stale:
-        log.info("removing a shard whose input is gone", extra=kv(shard=name))
-        _remove_shard(out, name)
-    changed = bool(written or stale)
-    if changed or not (out / "conversations.jsonl").is_file():
-        _concat(out, names, "conversations", "conversations.jsonl")
-        changed = True
-    if changed or not (out / "rejects.jsonl").is_file():
-        _concat(out, names, "rejects", "rejects.jsonl")
-        changed = True
+    try:
+        stale = _stale_shards(out, set(names))
+        for name in stale:
+            log.info("removing a shard whose input is gone", extra=kv(shard=name))
+            _remove_shard(out, name)
+        changed = bool(written or stale)
+        merged = merge_digest(names, fingerprints)
+        remerge = changed or _merged_digest(out) != merged  # the last run may have stopped before its merge
+        if remerge or not (out / "conversations.jsonl").is_file():
+            _concat(out, names, "conversations", "conversations.jsonl")
+            changed = True
+        if remerge or not (out / "rejects.jsonl").is_file():
+            _concat(out, names, "rejects", "rejects.jsonl")
+            changed = True
 
-    if mask_doc is not None:
-        mask_doc["occurrences_in_samples"] = (
-            0  # rows holding it were dropped (counted as contains_mask_token)
+        if mask_doc is not None:
+            mask_doc["occurrences_in_samples"] = (
+                0  # rows holding it were dropped (counted as contains_mask_token)
+            )
+            mask_doc["samples_dropped"] = totals.rejected.get("contains_mask_token", 0)
+        config = {k: v for k, v in asdict(settings).items() if k != "tokenizer_digest"}
+        config["think_tags"] = list(settings.think_tags)
+        config["inputs"] = [str(p) for p in files]
+        config["shard_size"] = args.shard_size
+        doc = report(totals, config=config, mask_token=mask_doc)
+        doc["shards"] = len(names)
+        doc["merged"] = merged
+        changed |= _write_if_changed(
+            out / "stats.json", (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
         )
-        mask_doc["samples_dropped"] = totals.rejected.get("contains_mask_token", 0)
-    config = {k: v for k, v in asdict(settings).items() if k != "tokenizer_digest"}
-    config["think_tags"] = list(settings.think_tags)
-    config["inputs"] = [str(p) for p in files]
-    config["shard_size"] = args.shard_size
-    doc = report(totals, config=config, mask_token=mask_doc)
-    doc["shards"] = len(names)
-    changed |= _write_if_changed(
-        out / "stats.json", (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-    )
-    changed |= _write_if_changed(out / "length_histogram.png", histogram_png(doc))
-    lock.close()
-    summary = {
-        "changed": changed,
-        "shards": len(names),
-        "shards_written": written,
-        "shards_removed": len(stale),
-        "input_rows": totals.input_rows,
-        "samples": totals.samples,
-        "tokens": totals.tokens,
-        "supervised_fraction": doc["supervised_fraction"],
-        "dropped": doc["dropped_total"],
-        "rejected": doc["rejected_total"],
-        "truncated": totals.truncated,
-        "elapsed_s": round(time.monotonic() - started, 3),
-        "output_dir": str(out),
-    }
-    status.maybe_write(lambda: status_doc("done", result=summary), force=True, durable=True)
-    status.disarm()
-    return summary
+        stop_signals_done()  # the dataset is committed: a late SIGTERM must not fail a finished run
+        changed |= _write_if_changed(out / "length_histogram.png", histogram_png(doc))
+        lock.close()
+        summary = {
+            "changed": changed,
+            "shards": len(names),
+            "shards_written": written,
+            "shards_removed": len(stale),
+            "input_rows": totals.input_rows,
+            "samples": totals.samples,
+            "tokens": totals.tokens,
+            "supervised_fraction": doc["supervised_fraction"],
+            "dropped": doc["dropped_total"],
+            "rejected": doc["rejected_total"],
+            "truncated": totals.truncated,
+            "elapsed_s": round(time.monotonic() - started, 3),
+            "output_dir": str(out),
+        }
+        status.maybe_write(lambda: status_doc("done", result=summary), force=True, durable=True)
+        status.disarm()
+        return summary
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise OutputError(
+            f"cannot write to {out}: {exc.strerror}; every one of the {len(names)} shard(s) is tokenized "
+            f"and committed ({totals.input_rows} of {rows_total} rows are kept, each shard whole), only "
+            "merging conversations.jsonl, rejects.jsonl and stats.json is left (it needs about as much "
+            "space again as conversations/ takes); free space or choose another --output-dir, and run "
+            "again: the next run only merges"
+        ) from None
 
 
 # ==================================================================================================
@@ -1001,4 +1075,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, own_process=True))

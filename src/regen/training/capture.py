@@ -59,6 +59,29 @@ class CaptureError(Exception):
 # --------------------------------------------------------------------------------------------------
 
 
+def check_tokenize_finished(data: Path) -> None:
+    """A tokenize output whose job did not finish (failed, interrupted, killed, or still running) is
+    refused: its data/ may hold shards of the new input beside shards of the old one."""
+    for directory in (data, data.parent) if data.name == "data" else (data,):
+        path = directory / "status.json"
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            doc = None
+        if not isinstance(doc, dict):
+            raise CaptureError(f"{path} is unreadable; run the tokenize stage again (--tags tokenize)")
+        if doc.get("job") == "tokenize" and doc.get("state") != "done":
+            error = f": {doc['error']}" if doc.get("error") else ""
+            raise CaptureError(
+                f"the tokenize job that writes {directory} did not finish (status.json: state "
+                f"{doc.get('state')!r}{error}); its data may be half old, half new: run the tokenize stage "
+                "again (--tags tokenize) until it finishes"
+            )
+        return
+
+
 def _data_files(data: Path) -> list[Path]:
     if data.is_file():
         return [data]
@@ -66,6 +89,7 @@ def _data_files(data: Path) -> list[Path]:
         raise CaptureError(
             f"tokenized data {data} does not exist; run the tokenize stage first (--tags tokenize)"
         )
+    check_tokenize_finished(data)
     # The tokenize stage writes data/<shard>.parquet next to conversations and rejects JSONL files: when
     # there is Parquet, only Parquet holds samples; JSONL records with input_ids are the fallback format.
     parquet = sorted(p for p in data.rglob("*.parquet") if p.is_file())

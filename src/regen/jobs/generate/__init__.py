@@ -10,8 +10,11 @@ Input: the normalized prompt JSONL (`{"id", "conversations": [{"role", "content"
   dropped-NNNNN.jsonl      truncated completions when `--truncated drop`
   errors.jsonl             prompts that failed in this run, with the reason (retried by the next run)
   superseded.jsonl         completions moved out of the output because their prompt was edited
-                           ("superseded": generated again) or left the set ("orphaned"); never deleted
+                           ("superseded": generated again), left the set ("orphaned"), or were made
+                           with other settings ("settings_changed", with --allow-config-change: generated
+                           again); each listed once, never deleted
   ledger.bin, run.json     the id index that makes restarts exactly-once, and the generation settings
+                           (a record is done when its id, prompt_key and settings_key match)
   status.json              progress, rewritten atomically every few seconds (the Ansible role polls it)
 Exit codes: 0 every prompt done; 1 some prompts ended in errors.jsonl; 2 bad arguments or input (a
 prompts shard that does not match its manifest, a damaged .gz, an API key the server refuses: HTTP

@@ -5,4 +5,4 @@ import sys
 from regen.jobs._common import run_main
 from regen.jobs.generate.cli import main
 
-sys.exit(run_main(main))
+sys.exit(run_main(main, own_process=True))

@@ -15,6 +15,7 @@ from regen.jobs._common import (
     JobError,
     job_parser,
     setup_logging,
+    stop_on_sigterm,
     want_progress,
 )
 from regen.jobs.generate.job import GenerateJob, Settings, dry_run
@@ -72,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument(
         "--allow-config-change",
         action="store_true",
-        help="resume an output directory that was produced with different generation settings",
+        help="resume an output directory made with other settings: completions made with another model, "
+        "max tokens, sampling, chat-template kwargs or reasoning mode move to superseded.jsonl and are "
+        "generated again; a changed --truncated policy applies to new completions",
     )
 
     srv = p.add_argument_group("server")
@@ -250,6 +253,9 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    # SIGTERM before the run loop takes it over (while the inputs are checked and the ledger opened)
+    # unwinds like Ctrl-C: exit 143, status.json `interrupted`, instead of dying with the last run's status
+    stop_on_sigterm()
     setup_logging(a.log_level, a.log_format)
     s = settings_from_args(a)
     if a.dry_run:

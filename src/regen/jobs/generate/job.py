@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from regen.jobs._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     JobError,
+    OutputError,
     Reservoir,
     StatusFile,
     count_lines,
@@ -36,6 +38,7 @@ from regen.jobs._common import (
     kv,
     make_progress,
     prepare_output_dir,
+    stop_signals_done,
 )
 from regen.jobs._ledger import ShardStore, id_digest, line_id
 from regen.jobs.generate.endpoints import Endpoint, EndpointPool, EndpointsDown
@@ -59,12 +62,26 @@ from regen.jobs.generate.rows import (
     url_secrets,
     verify_manifest,
 )
-from regen.jobs.generate.stale import ASIDE_NAME, input_keys, inputs_digest, prompt_key, stale_reason
+from regen.jobs.generate.stale import (
+    ANSWER_KEYS,
+    ASIDE_NAME,
+    input_keys,
+    inputs_digest,
+    prompt_key,
+    settings_key,
+    stale_reason,
+)
 from regen.jobs.status import Status
 from regen.quality.detector import RollingDegeneration
 
 # HTTP statuses that say the request is not allowed: every other request would be refused the same way.
 AUTH_STATUS = frozenset({401, 403})
+# Output errors a user fixes (free space, another directory), in the words the job uses for them.
+_OUTPUT_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EROFS: "the filesystem is read-only",
+}
 
 log = logging.getLogger("regen.jobs.generate")
 
@@ -126,7 +143,7 @@ class Settings:
     degenerate_min_samples: int = 20
 
     def provenance(self) -> dict[str, Any]:
-        """What determines the content of a completion; a resumed run must use the same."""
+        """What determines the content of a completion and where it goes (run.json, every record)."""
         sampling: dict[str, Any] = {}
         if self.temperature is not None:
             sampling["temperature"] = self.temperature
@@ -141,6 +158,12 @@ class Settings:
             "reasoning": self.reasoning,
             "truncated": self.truncated,
         }
+
+    def answer_settings(self) -> dict[str, Any]:
+        """The part of the provenance that changes the answer: hashed into every record's `settings_key`.
+        The truncation policy is left out: it decides where a record goes, not what it says."""
+        provenance = self.provenance()
+        return {k: provenance[k] for k in ANSWER_KEYS}
 
     def base_body(self) -> dict[str, Any]:
         # Only what was asked for: strict servers (transformers serve) reject fields they do not know.
@@ -193,6 +216,7 @@ class GenerateJob:
         self._written_bytes = 0  # record bytes this run wrote (sizes the "needs N more" of a full disk)
         self._written_records = 0
         self._previous_inputs: str | None = None  # run.json's inputs_sha256: the set last reconciled
+        self._previous_settings: str | None = None  # run.json's settings_key: the settings last reconciled
         self._moved: dict[str, int] = {}  # records moved aside this run, by reason
         self._interrupted = 0
         self._inflight: set[bytes] = set()
@@ -201,6 +225,7 @@ class GenerateJob:
         self._bar = None
         self._provenance = s.provenance()
         self._provenance_record = dict(self._provenance, generator=f"regen {__version__}")
+        self._settings_key = settings_key(s.answer_settings())
         self.pool = EndpointPool(
             # `url` is what is shown and stored (status.json, errors, logs): credentials in it are redacted
             [
@@ -248,50 +273,77 @@ class GenerateJob:
     # ------------------------------------------------------------------ config guard
 
     def check_config(self) -> None:
+        """Refuse settings other than the directory's (run.json) unless --allow-config-change: then the
+        completions made with other answer-shaping settings are moved aside and generated again
+        (`set_aside_stale`); a changed truncation policy applies to new completions."""
         path = self.s.output_dir / "run.json"
-        if path.is_file():
-            try:
-                doc = json.loads(path.read_text())
-                previous = doc.get("provenance")
-                self._previous_inputs = doc.get("inputs_sha256")
-            except (ValueError, AttributeError):
-                previous = None
-            if previous is not None and previous != self._provenance:
-                diffs = [
-                    f"{k}: {previous.get(k)!r} -> {self._provenance.get(k)!r}"
-                    for k in sorted(set(previous) | set(self._provenance))
-                    if previous.get(k) != self._provenance.get(k)
-                ]
-                if not self.s.allow_config_change:
-                    raise JobError(
-                        f"{self.s.output_dir} holds completions made with other settings "
-                        f"({'; '.join(diffs)}); "
-                        "use a new --output-dir, or pass --allow-config-change to mix them on purpose"
-                    )
-                log.warning(
-                    "settings changed; new completions will carry the new provenance",
-                    extra=kv(changes="; ".join(diffs)),
+        if not path.is_file():
+            return
+        try:
+            doc = json.loads(path.read_text())
+            previous = doc.get("provenance")
+            self._previous_inputs = doc.get("inputs_sha256")
+            self._previous_settings = doc.get("settings_key")
+        except (ValueError, AttributeError):
+            previous = None
+        if not isinstance(previous, dict) or previous == self._provenance:
+            return
+        diffs = [
+            f"{k}: {previous.get(k)!r} -> {self._provenance.get(k)!r}"
+            for k in sorted(set(previous) | set(self._provenance))
+            if previous.get(k) != self._provenance.get(k)
+        ]
+        answer_changed = any(previous.get(k) != self._provenance.get(k) for k in ANSWER_KEYS)
+        done = len(self.store.index)
+        if not self.s.allow_config_change:
+            if answer_changed:
+                consequence = (
+                    f"pass --allow-config-change to generate them again with these settings (the {done} "
+                    f"completion(s) there move to {ASIDE_NAME}, reason settings_changed)"
                 )
-        self._write_run_json(self._previous_inputs)
+            else:
+                consequence = (
+                    "pass --allow-config-change to apply the new truncation policy to new completions"
+                )
+            raise JobError(
+                f"{self.s.output_dir} holds completions made with other settings ({'; '.join(diffs)}); "
+                f"use a new --output-dir, or {consequence}"
+            )
+        log.warning(
+            "settings changed (--allow-config-change): completions made with the old ones are generated again"
+            if answer_changed
+            else "truncation policy changed (--allow-config-change): it applies to new completions",
+            extra=kv(changes="; ".join(diffs)),
+        )
 
-    def _write_run_json(self, inputs_sha256: str | None) -> None:
-        doc = {"provenance": self._provenance, "generator": f"regen {__version__}"}
-        if inputs_sha256 is not None:
-            doc["inputs_sha256"] = inputs_sha256
+    def _write_run_json(self, inputs_sha256: str) -> None:
+        doc = {
+            "provenance": self._provenance,
+            "settings_key": self._settings_key,
+            "inputs_sha256": inputs_sha256,
+            "generator": f"regen {__version__}",
+        }
         atomic_write_json(self.s.output_dir / "run.json", doc)
 
     def set_aside_stale(self, files: list[Path]) -> None:
-        """Completions whose prompt was edited or removed since the last run leave the output for
-        superseded.jsonl (reported, never deleted); the edited prompts are generated again."""
+        """Completions whose prompt was edited or removed, or that were made with other answer-shaping
+        settings, leave the output for superseded.jsonl (reported, never deleted); their prompts are
+        generated again. run.json is written after: a kill before it makes the next run reconcile again."""
         digest = inputs_digest(files)
-        if digest == self._previous_inputs:
-            return  # the prompt set is the one last reconciled: every record's key still holds
+        aside = self.s.output_dir / ASIDE_NAME
+        if (
+            digest == self._previous_inputs
+            and self._settings_key == self._previous_settings
+            and not self.store.move_aside_pending(aside)
+        ):
+            return  # the prompt set and settings last reconciled: every record's key still holds
         keys = input_keys(files)
-        self._moved = self.store.move_aside(stale_reason(keys), self.s.output_dir / ASIDE_NAME)
+        self._moved = self.store.move_aside(stale_reason(keys, self._settings_key), aside)
         if self._moved:
             log.warning(
-                "completions of edited or removed prompts moved aside; the edited ones are generated again",
-                extra=kv(**self._moved, to=str(self.s.output_dir / ASIDE_NAME)),
+                "completions of edited or removed prompts, or made with other settings, moved aside; "
+                "the edited and re-settled ones are generated again",
+                extra=kv(**self._moved, to=str(aside)),
             )
         self._write_run_json(digest)
 
@@ -347,6 +399,7 @@ class GenerateJob:
             heartbeat_s=self.s.status_interval,
             superseded=self._moved.get("superseded", 0),
             orphaned=self._moved.get("orphaned", 0),
+            settings_changed=self._moved.get("settings_changed", 0),
             degeneration=self.degeneration.summary() if self.degeneration is not None else None,
         )
 
@@ -506,7 +559,9 @@ class GenerateJob:
                     ctx.append(conv[i])
             record = {
                 "id": rid,
-                "prompt_key": prompt_key(conv),  # second: read without parsing the record (stale.py)
+                # second and third: read without parsing the record (stale.py)
+                "prompt_key": prompt_key(conv),
+                "settings_key": self._settings_key,
                 "conversations": out,
                 "finish_reason": turns[-1]["finish_reason"],
                 "truncated": truncated,
@@ -638,6 +693,27 @@ class GenerateJob:
             self._refresh_bar()
             self.status.maybe_write(self._status_doc)
 
+    @contextlib.contextmanager
+    def _preparing(self):
+        """A full disk (or a read-only one) while the run is prepared (the ledger repaired, superseded
+        completions moved aside, run.json written): one line that says nothing was generated and what
+        is kept, instead of the bare OS error."""
+        try:
+            yield
+        except OSError as exc:
+            what = _OUTPUT_ERRNOS.get(exc.errno or -1)
+            if what is None:
+                raise
+            found = sum(self.store.report.done_by_kind.values())
+            raise OutputError(
+                f"cannot write to {self.s.output_dir}: {what} ({exc.strerror or exc}) while the run was "
+                f"being prepared (the ledger checked, superseded completions moved aside, run.json written); "
+                f"this "
+                f"run generated nothing, the {found} completion(s) found there are kept (a move aside that "
+                "was cut short is finished by the next run); free space (or choose another --output-dir) "
+                "and run again"
+            ) from None
+
     def _output_failed(self, exc: OSError, lost: int) -> None:
         """The output stopped taking writes (full disk, read-only): stop, and say what was kept."""
         self._stopping = True
@@ -653,11 +729,7 @@ class GenerateJob:
             need = f"; the {remaining} prompt(s) left need about {remaining * avg / 1e6:.1f} MB more"
         elif remaining is not None:
             need = f"; {remaining} prompt(s) are left"
-        what = {
-            28: "the disk is full",  # ENOSPC
-            122: "the disk quota is exhausted",  # EDQUOT
-            30: "the filesystem is read-only",  # EROFS
-        }.get(exc.errno or -1, f"{exc.strerror or exc}")
+        what = _OUTPUT_ERRNOS.get(exc.errno or -1, f"{exc.strerror or exc}")
         reason = (
             f"cannot write to {self.s.output_dir}: {what} ({exc.strerror or exc}); this run wrote "
             f"{written} record(s) before it, {kept} record(s) are kept in total (every one whole: a torn "
@@ -795,11 +867,15 @@ class GenerateJob:
         files = resolve_inputs(self.s.inputs)
         prepare_output_dir(self.s.output_dir)
         self.status.arm()  # from here on, an error ends as `failed` in status.json (run_main)
+        # this run's document at once (state "starting"): a run that ends before its first request (a bad
+        # manifest, SIGTERM while it checks the inputs) never leaves the last run's `done` for a reader
+        self.status.maybe_write(self._status_doc, force=True)
         # before a single request: a shard cut short or edited since the prompts job wrote it, or a
         # damaged .gz, stops the job here, not after half of it was generated
         await asyncio.to_thread(verify_manifest, self.s.inputs)
         self.total = await asyncio.to_thread(lambda: sum(count_lines(p) for p in files))
-        report = self.store.open()
+        with self._preparing():
+            report = self.store.open()
         try:
             if report.recovered_lines or report.truncated_bytes or report.ledger_dropped:
                 log.info(
@@ -807,12 +883,13 @@ class GenerateJob:
                     extra=kv(**{k: v for k, v in report.as_dict().items() if v}),
                 )
             self.check_config()
-            await asyncio.to_thread(self.set_aside_stale, files)
             errors_path = self.s.output_dir / "errors.jsonl"
-            if errors_path.exists():
-                # this run retries those prompts; keep the last run's reasons next to it for reference
-                os.replace(errors_path, self.s.output_dir / "errors.previous.jsonl")
-            errors_fd = os.open(errors_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            with self._preparing():
+                await asyncio.to_thread(self.set_aside_stale, files)
+                if errors_path.exists():
+                    # this run retries those prompts; keep the last run's reasons next to it for reference
+                    os.replace(errors_path, self.s.output_dir / "errors.previous.jsonl")
+                errors_fd = os.open(errors_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._state = "running"
             self._bar = make_progress(self.s.progress, self.total, "generate")
             loop = asyncio.get_running_loop()
@@ -846,6 +923,14 @@ class GenerateJob:
                 self.pool.close()
         finally:
             self.store.close()
+        # The end is decided from here on (every request over, the store closed): the loop's handlers go
+        # (asyncio would put back the default, SIGTERM's kill, when the loop closes) and late signals are
+        # ignored, so a finished run cannot end as a killed one beside a status.json that says `done`.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+        stop_signals_done()
         st = self.stats
         if self._fatal is not None:
             self._state, code = "failed", self._fatal[1]
@@ -940,8 +1025,17 @@ def dry_run(s: Settings) -> dict[str, Any]:
         with contextlib.suppress(ValueError, AttributeError):
             doc = json.loads(run_json.read_text())
             previous, previous_inputs = doc.get("provenance"), doc.get("inputs_sha256")
+    has_output = done > 0 or store.shard_files() != []
     # prompts edited or removed since the last run: their completions are moved aside by the next run
-    inputs_changed = (done > 0 or store.shard_files() != []) and previous_inputs != inputs_digest(files)
+    inputs_changed = has_output and previous_inputs != inputs_digest(files)
+    config_matches = previous is None or previous == s.provenance()
+    answer_changed = isinstance(previous, dict) and any(
+        previous.get(k) != s.provenance().get(k) for k in ANSWER_KEYS
+    )
+    if answer_changed:
+        # every completion there was made with the directory's settings: a run allowed to change them
+        # (--allow-config-change) generates them all again
+        pending, done = pending + done, 0
     return {
         "total": total,
         "pending": pending,
@@ -950,8 +1044,12 @@ def dry_run(s: Settings) -> dict[str, Any]:
         "invalid": invalid,
         "duplicates": duplicates,
         # invalid rows keep it incomplete: the run reports them (errors.jsonl), never a silent pass
-        "complete": pending == 0 and unreadable == 0 and invalid == 0 and not inputs_changed,
+        "complete": pending == 0
+        and unreadable == 0
+        and invalid == 0
+        and not inputs_changed
+        and config_matches,
         "inputs_changed": inputs_changed,
-        "config_matches": previous is None or previous == s.provenance(),
+        "config_matches": config_matches,
         "output_dir": str(s.output_dir),
     }
