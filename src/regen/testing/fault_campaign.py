@@ -272,7 +272,7 @@ class Disk:
         elif os.geteuid() != 0:
             self.reason = f"mounting a tmpfs needs root (running as uid {os.geteuid()})"
         elif shutil.which("mount") is None:
-            self.reason = "no mount command on this host"
+            self.reason = "no mount command on this host to mount a tmpfs"
         else:
             r = subprocess.run(
                 ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "regen-fault-campaign", str(point)],
