@@ -50,14 +50,16 @@ def python_without_tiktoken(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def demo_model_dir() -> Path:
     """The demo model, built once per builder input hash under .cache/ (read-only: copy it to modify it).
 
-    Keyed by the hash, so sessions testing different builder versions never replace each other's model;
-    the builder itself locks and skips the work when the directory is already up to date.
+    It is the builder's own cache entry (.cache/demo-models/<hash>/regen-demo-kimi), the one the demo_model
+    role copies from, so the pre-training runs once per input hash for the tests and the pipeline runs
+    together; sessions testing different builder versions never replace each other's model, and the
+    builder itself locks and skips the work when the directory is already up to date.
     """
-    from regen.demo.build import build, inputs_digest
+    from regen.demo.build import build, cache_entry
     from regen.demo.spec import DemoSpec
 
     spec = DemoSpec()
-    output = ROOT / ".cache" / "demo-models" / inputs_digest(spec)[:16] / "regen-demo-kimi"
+    output = cache_entry(ROOT / ".cache" / "demo-models", spec)
     build(output, spec)
     return output
 

@@ -313,11 +313,11 @@ def test_a_failed_build_leaves_the_previous_set_intact(tmp_path, monkeypatch):
     real = P._ShardWriter.write
     calls = {"n": 0}
 
-    def boom(self, rid, t):
+    def boom(self, rid, t, category=None):
         calls["n"] += 1
         if calls["n"] == 4:
             raise OSError("disk full (simulated)")
-        return real(self, rid, t)
+        return real(self, rid, t, category)
 
     monkeypatch.setattr(P._ShardWriter, "write", boom)
     with pytest.raises(OSError):

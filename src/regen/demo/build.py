@@ -1,8 +1,11 @@
-"""Build the demo model directory: ``python -m regen.demo.build --output DIR [--seed N] [--check] [--json]``.
+"""Build the demo model directory: ``python -m regen.demo.build --output DIR [--seed N] [--cache-dir DIR]
+[--pretrain-steps N] [--check] [--json]``.
 
 The directory looks like the real Kimi K2.6 checkpoint at tiny scale (see ``regen.demo.spec``): nested
 config.json with remote code, a tiktoken tokenizer that needs ``trust_remote_code``, a chat template with
-Kimi's ``thinking`` switch, and sharded safetensors with seeded random weights.
+Kimi's ``thinking`` switch, and sharded safetensors with weights pre-trained for a few hundred steps on
+the demo corpus (``regen.demo.pretrain``; under a minute on 2 CPU cores), so a drafter has something to
+learn.
 
 Idempotent: the directory records a hash of everything the build depends on (builder version, spec and
 seed, the sources of the builder, the model-dir files and the corpus, and the versions of the libraries
@@ -10,6 +13,10 @@ that shape the bytes) and the sha256 of every file it wrote. When both still mat
 ``changed`` is false. ``--check`` only reports whether a build would change anything. Writes are atomic:
 the model is built in a temporary directory next to DIR and renamed into place, so a crash leaves the old
 model, or none, never half of one. A lock next to DIR serialises concurrent builds of the same DIR.
+
+With ``--cache-dir``, the model is built once per input hash under ``CACHE/<hash>/regen-demo-kimi`` and DIR
+becomes a verified copy of it: every later build with the same inputs (another DIR, another test, the next
+pipeline run after ``rm -rf .work``) copies instead of pre-training again.
 
 Exit codes: 0 success (also when nothing changed), 1 the build failed (message on stderr, or in the JSON).
 """
@@ -21,6 +28,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -39,7 +47,9 @@ from regen.fsio import fsync_dir
 
 BUILDER = "regen.demo.build"
 # Bump when the builder's output changes in a way its sources do not show (they are hashed anyway).
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
+# The directory name of a model inside the cache (CACHE/<input hash>/NAME).
+CACHE_MODEL_NAME = "regen-demo-kimi"
 MANIFEST = "regen_demo_manifest.json"
 # Files copied verbatim from regen/demo/model_files into the model directory.
 MODEL_FILES = (
@@ -48,8 +58,9 @@ MODEL_FILES = (
     "tokenization_kimi.py",
     "chat_template.jinja",
 )
-# Libraries whose version can change the bytes written (BPE training, random draws, file format).
-BYTE_SHAPING_LIBRARIES = ("tokenizers", "torch", "safetensors")
+# Libraries whose version can change the bytes written (BPE training, random draws, pre-training with
+# transformers' DeepSeek-V3 and tiktoken's encoding, file format).
+BYTE_SHAPING_LIBRARIES = ("tokenizers", "torch", "safetensors", "transformers", "tiktoken", "jinja2")
 
 
 class DemoBuildError(Exception):
@@ -65,6 +76,8 @@ class BuildResult:
     vocab_size: int
     num_bpe_ranks: int
     check_mode: bool = False
+    pretrain_steps: int = 0
+    cached_from: str | None = None
     files: list[str] = field(default_factory=list)
     msg: str = ""
 
@@ -77,6 +90,8 @@ class BuildResult:
             "seed": self.seed,
             "vocab_size": self.vocab_size,
             "num_bpe_ranks": self.num_bpe_ranks,
+            "pretrain_steps": self.pretrain_steps,
+            "cached_from": self.cached_from,
             "files": self.files,
             "msg": self.msg,
         }
@@ -175,14 +190,23 @@ def render_files(spec: DemoSpec) -> dict[str, bytes]:
 
 
 def _readme(spec: DemoSpec) -> str:
+    weights_line = (
+        f"The weights were pre-trained for {spec.pretrain_steps} steps on the regen demo corpus (about\n"
+        "12 KB of prose, dialogue and code): the model strings together fragments of that corpus,\n"
+        "fluent-looking and mostly wrong, and cannot answer questions. That is enough for a drafter to\n"
+        "learn its patterns, and every stage meets the real checkpoint's layout and loading rules:"
+        if spec.pretrain_steps
+        else "The weights are random: the model produces token salad, but every stage meets the real\n"
+        "checkpoint's layout and loading rules:"
+    )
     return (
-        "# regen demo model (Kimi K2.6 layout, tiny, random weights)\n\n"
-        f"Built by `python -m {BUILDER}` (seed {spec.seed}); do not edit, rebuild instead.\n"
-        "Every file here, code included, was written by the regen project. The weights are random:\n"
-        "the model produces token salad, but every stage meets the real checkpoint's layout and loading\n"
-        "rules: config nested under `text_config` (DeepSeek-V3 MLA + MoE), remote code, a tiktoken\n"
-        "tokenizer that needs `trust_remote_code=True`, special tokens above the BPE ranks, and a chat\n"
-        "template whose thinking switch is the variable `thinking`.\n\n"
+        "# regen demo model (Kimi K2.6 layout, tiny"
+        + (", pre-trained on the demo corpus)\n\n" if spec.pretrain_steps else ", random weights)\n\n")
+        + f"Built by `python -m {BUILDER}` (seed {spec.seed}); do not edit, rebuild instead.\n"
+        "Every file here, code included, was written by the regen project.\n"
+        f"{weights_line} config nested under `text_config` (DeepSeek-V3 MLA + MoE),\n"
+        "remote code, a tiktoken tokenizer that needs `trust_remote_code=True`, special tokens above the\n"
+        "BPE ranks, and a chat template whose thinking switch is the variable `thinking`.\n\n"
         f"- vocabulary: {spec.num_bpe_ranks} BPE ranks + 256 special ids = {spec.vocab_size}\n"
         f"- layers: {spec.num_hidden_layers} ({spec.first_k_dense_replace} dense), "
         f"hidden {spec.hidden_size}, {spec.n_routed_experts} routed experts "
@@ -205,11 +229,35 @@ def _write_tree(spec: DemoSpec, digest: str, target: Path, file_mode: int) -> li
         "files": {name: _sha256((target / name).read_bytes()) for name in names},
     }
     (target / MANIFEST).write_bytes(_json_bytes(manifest))
-    for name in [*names, MANIFEST]:
+    _seal(target, [*names, MANIFEST], file_mode)
+    return [*names, MANIFEST]
+
+
+def _seal(target: Path, names: list[str], file_mode: int) -> None:
+    for name in names:
         # safetensors writes owner-only files; the model directory is shared data like any checkpoint.
         os.chmod(target / name, file_mode)
         with open(target / name, "rb") as handle:
             os.fsync(handle.fileno())
+
+
+def cache_entry(cache_dir: Path, spec: DemoSpec) -> Path:
+    """Where the cache keeps the model built from ``spec``'s inputs."""
+    return Path(cache_dir).expanduser().absolute() / inputs_digest(spec)[:16] / CACHE_MODEL_NAME
+
+
+def _copy_tree(source: Path, digest: str, target: Path, file_mode: int) -> list[str]:
+    """Copy a cached model into ``target``, checking every file against the cache's own manifest."""
+    manifest = _read_manifest(source)
+    if manifest is None or manifest.get("inputs_sha256") != digest:
+        raise DemoBuildError(f"the cached model {source} does not match this build's inputs; remove it")
+    names = sorted(manifest["files"])
+    for name in [*names, MANIFEST]:
+        shutil.copyfile(source / name, target / name)
+    for name in names:
+        if _sha256((target / name).read_bytes()) != manifest["files"][name]:
+            raise DemoBuildError(f"{source / name} changed while it was copied; build again")
+    _seal(target, [*names, MANIFEST], file_mode)
     return [*names, MANIFEST]
 
 
@@ -231,8 +279,13 @@ def _remove_leftovers(directory: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def build(output: Path, spec: DemoSpec | None = None, check: bool = False) -> BuildResult:
-    """Make ``output`` the demo model for ``spec``; with ``check``, only say whether that would change it."""
+def build(
+    output: Path, spec: DemoSpec | None = None, check: bool = False, cache_dir: Path | None = None
+) -> BuildResult:
+    """Make ``output`` the demo model for ``spec``; with ``check``, only say whether that would change it.
+
+    With ``cache_dir``, the model is built (once) as ``cache_entry(cache_dir, spec)`` and copied from there.
+    """
     spec = spec or DemoSpec()
     try:
         spec.validate()
@@ -248,6 +301,7 @@ def build(output: Path, spec: DemoSpec | None = None, check: bool = False) -> Bu
         vocab_size=spec.vocab_size,
         num_bpe_ranks=spec.num_bpe_ranks,
         check_mode=check,
+        pretrain_steps=spec.pretrain_steps,
     )
     _refuse_foreign_directory(output)
     if check:
@@ -270,7 +324,13 @@ def build(output: Path, spec: DemoSpec | None = None, check: bool = False) -> Bu
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(staging, 0o777 & ~umask)
-            result.files = _write_tree(spec, digest, staging, 0o666 & ~umask)
+            entry = cache_entry(cache_dir, spec) if cache_dir is not None else None
+            if entry is not None and entry != output:
+                build(entry, spec)  # locked and idempotent: only the first build of these inputs trains
+                result.files = _copy_tree(entry, digest, staging, 0o666 & ~umask)
+                result.cached_from = str(entry)
+            else:
+                result.files = _write_tree(spec, digest, staging, 0o666 & ~umask)
             fsync_dir(staging)
             if output.exists():
                 retired = output.parent / f".{output.name}.old-{uuid.uuid4().hex}"
@@ -287,17 +347,30 @@ def build(output: Path, spec: DemoSpec | None = None, check: bool = False) -> Bu
             if retired is not None:
                 shutil.rmtree(retired, ignore_errors=True)
     result.changed = True
-    result.msg = "built the demo model"
+    result.msg = "copied the demo model from the cache" if result.cached_from else "built the demo model"
     return result
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"python -m {BUILDER}",
-        description="Build the tiny Kimi-K2.6-shaped demo model (random weights, real layout).",
+        description="Build the tiny Kimi-K2.6-shaped demo model (real layout, pre-trained on the corpus).",
     )
     parser.add_argument("--output", required=True, type=Path, help="model directory to create or update")
-    parser.add_argument("--seed", type=int, default=DemoSpec.seed, help="seed of the random weights")
+    parser.add_argument(
+        "--seed", type=int, default=DemoSpec.seed, help="seed of the initial weights and the pre-training"
+    )
+    parser.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=DemoSpec.pretrain_steps,
+        help=f"pre-training steps on the demo corpus (default {DemoSpec.pretrain_steps}; 0: random weights)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="build once per input hash under this directory and copy from there (e.g. .cache/demo-models)",
+    )
     parser.add_argument("--check", action="store_true", help="only report whether a build would change DIR")
     parser.add_argument("--json", action="store_true", help="print one JSON object (for Ansible)")
     return parser
@@ -305,8 +378,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Pre-training reports its progress on stderr; stdout stays one JSON object with --json.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     try:
-        result = build(args.output, replace(DemoSpec(), seed=args.seed), check=args.check)
+        spec = replace(DemoSpec(), seed=args.seed, pretrain_steps=args.pretrain_steps)
+        result = build(args.output, spec, check=args.check, cache_dir=args.cache_dir)
     except (DemoBuildError, OSError) as exc:
         message = f"demo model build failed: {exc}"
         if args.json:

@@ -94,6 +94,13 @@ class DemoSpec:
     rms_norm_eps: float = 1e-5
     initializer_range: float = 0.02
     num_shards: int = 2
+    # Pre-training on the demo corpus at build time (regen.demo.pretrain); 0 steps keeps the seeded random
+    # initial weights. Sized to take well under a minute on 2 CPU cores.
+    pretrain_steps: int = 150
+    pretrain_batch_size: int = 16
+    pretrain_seq_len: int = 128
+    pretrain_learning_rate: float = 3e-3
+    pretrain_threads: int = 1
 
     @property
     def vocab_size(self) -> int:
@@ -120,6 +127,14 @@ class DemoSpec:
             problems.append("num_shards must be between 1 and num_hidden_layers")
         if self.seed < 0:
             problems.append(f"seed={self.seed} (must be >= 0)")
+        if self.pretrain_steps < 0:
+            problems.append(f"pretrain_steps={self.pretrain_steps} (must be >= 0; 0 keeps random weights)")
+        if self.pretrain_batch_size < 1 or self.pretrain_seq_len < 2:
+            problems.append("pretrain_batch_size must be >= 1 and pretrain_seq_len >= 2")
+        if not self.pretrain_learning_rate > 0:
+            problems.append(f"pretrain_learning_rate={self.pretrain_learning_rate} (must be > 0)")
+        if self.pretrain_threads < 1:
+            problems.append(f"pretrain_threads={self.pretrain_threads} (must be >= 1)")
         if problems:
             raise ValueError("invalid demo model spec: " + "; ".join(problems))
 

@@ -1,4 +1,5 @@
-"""Seeded random weights for the demo model, in the real Kimi K2.5/K2.6 checkpoint layout.
+"""The demo model's weights, in the real Kimi K2.5/K2.6 checkpoint layout: seeded initial draws, then a
+short pre-training on the demo corpus (``regen.demo.pretrain``; ``pretrain_steps: 0`` keeps the draws).
 
 Keys follow the real checkpoint: ``language_model.model.layers.N.self_attn.q_a_proj.weight`` (MLA),
 ``...mlp.{gate,up,down}_proj.weight`` in the dense prefix layers, ``...mlp.gate.weight`` +
@@ -7,8 +8,8 @@ routed expert, ``...mlp.shared_experts.*``, and ``language_model.lm_head.weight`
 the shards in order and the embeddings, final norm and head go into the last one, with a
 ``model.safetensors.index.json`` as in any sharded checkpoint.
 
-Each tensor is drawn from its own generator, seeded from (seed, key), so the bytes depend only on the seed
-and the shapes, never on the order tensors are made in.
+Each initial tensor is drawn from its own generator, seeded from (seed, key), so the draws depend only on
+the seed and the shapes, never on the order tensors are made in.
 """
 
 from __future__ import annotations
@@ -126,16 +127,31 @@ def assign_shards(spec: DemoSpec, layout: list[TensorSpec]) -> dict[str, str]:
     }
 
 
+def model_tensors(spec: DemoSpec, directory: Path) -> dict:
+    """Every tensor of the checkpoint: the seeded draws, pre-trained when the spec asks for steps.
+
+    ``directory`` must already hold the tokenizer and chat template (the pre-training text goes through
+    them, exactly as every later stage tokenizes).
+    """
+    tensors = {t.key: make_tensor(spec, t) for t in checkpoint_layout(spec)}
+    if spec.pretrain_steps:
+        from regen.demo import pretrain
+
+        tensors = pretrain.pretrain(spec, tensors, directory)
+    return tensors
+
+
 def write_checkpoint(spec: DemoSpec, directory: Path) -> list[str]:
     """Write the shards and the index into ``directory``; return the file names written."""
     from safetensors.torch import save_file
 
     layout = checkpoint_layout(spec)
     placement = assign_shards(spec, layout)
+    weights = model_tensors(spec, directory)
     total_size = 0
     written = []
     for shard in shard_names(spec.num_shards):
-        tensors = {t.key: make_tensor(spec, t) for t in layout if placement[t.key] == shard}
+        tensors = {t.key: weights[t.key] for t in layout if placement[t.key] == shard}
         total_size += sum(t.numel() * t.element_size() for t in tensors.values())
         save_file(tensors, str(directory / shard), metadata={"format": "pt"})
         written.append(shard)

@@ -21,6 +21,15 @@ TREE_NOTE = (
     "same state. Acceptance only: the CPU reference has no tree-attention verifier, so no tokens/s; the "
     "pinned engine's DFLASH verifies the chain."
 )
+BATCH_NOT_MEASURED = (
+    "not measured by the CPU reference: it decodes one request at a time, and a batch whose requests accept "
+    "different draft lengths needs per-request KV caches the reference does not model; the GPU path "
+    "(SGLang, continuous batching) is where the batch setting is measured"
+)
+STEPS_NOT_MEASURED = (
+    "one checkpoint only: the train stage kept no earlier complete checkpoint of this run (or the drafter "
+    "is not a train-stage export, or --training-steps was 0)"
+)
 
 
 def build_report(
@@ -29,11 +38,14 @@ def build_report(
     block_size: int,
     settings: dict[str, Any],
     inputs: dict[str, Any],
+    step_rows: Sequence[dict[str, Any]] = (),
+    exported_step: int | None = None,
 ) -> dict[str, Any]:
-    """The report from one result per (drafter, prompt).
+    """The report from one result per (drafter, prompt, turn kind).
 
-    A result: {"drafter", "prompt_id", "category", "accepted": [int...], "tokens", "seconds",
-    "plain_tokens", "plain_seconds", "lossless": bool}.
+    A result: {"drafter", "prompt_id", "turn_kind", "category", "accepted": [int...], "tokens", "seconds",
+    "plain_tokens", "plain_seconds", "lossless": bool}. `step_rows`: the trained drafter at earlier
+    checkpoints ({"step", "prompt_id", "turn_kind", "accepted", ...}), on the first turn kind's prompts.
     """
     drafters: dict[str, Any] = {}
     for name in DRAFTERS:
@@ -44,7 +56,8 @@ def build_report(
         block["lossless"] = all(r["lossless"] for r in rows)
         block["tokens_per_s"] = _round(throughput([(r["tokens"], r["seconds"]) for r in rows]))
         block["speedup"] = _speedup(rows)
-        block["categories"] = _categories(rows, block_size)
+        block["categories"] = _groups(rows, "category", block_size)
+        block["turn_kinds"] = _groups(rows, "turn_kind", block_size)
         drafters[name] = block
     plain_rows = [r for r in results if r["drafter"] == "trained"] or list(results)
     trained = drafters.get("trained")
@@ -55,7 +68,11 @@ def build_report(
         "plain_tokens_per_s": _round(
             throughput([(r["plain_tokens"], r["plain_seconds"]) for r in plain_rows])
         ),
-        "speedup": trained["speedup"] if trained else None,
+        "speedup": {**trained["speedup"], "batch": {"measured": False, "reason": BATCH_NOT_MEASURED}}
+        if trained
+        else None,
+        "turn_kinds": sorted({r.get("turn_kind") or "default" for r in results}),
+        "training_steps": _training_steps(results, step_rows, exported_step, block_size),
         "tree": _tree(results, block_size),
         "settings": settings,
         "inputs": inputs,
@@ -96,15 +113,44 @@ def _speedup(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _categories(rows: Sequence[dict[str, Any]], block_size: int) -> dict[str, Any]:
-    names = sorted({r["category"] for r in rows if r.get("category")})
+def _groups(rows: Sequence[dict[str, Any]], key: str, block_size: int) -> dict[str, Any]:
+    """Figures per value of `key` (category: code/math/chat...; turn_kind: thinking/non-thinking)."""
+    names = sorted({r[key] for r in rows if r.get(key)})
     out = {}
     for name in names:
-        picked = [r for r in rows if r.get("category") == name]
+        picked = [r for r in rows if r.get(key) == name]
         block = summarize([r["accepted"] for r in picked], block_size)
         block["speedup"] = _speedup(picked)
         out[name] = block
     return out
+
+
+def _training_steps(
+    results: Sequence[dict[str, Any]],
+    step_rows: Sequence[dict[str, Any]],
+    exported_step: int | None,
+    block_size: int,
+) -> dict[str, Any]:
+    """Acceptance of the trained drafter at each kept checkpoint, on the same prompts and turn kind."""
+    if not step_rows or exported_step is None:
+        return {"measured": False, "reason": STEPS_NOT_MEASURED}
+    kind = step_rows[0].get("turn_kind")
+    final = [r for r in results if r["drafter"] == "trained" and r.get("turn_kind") == kind]
+    by_step: dict[int, list[list[int]]] = {}
+    for r in step_rows:
+        by_step.setdefault(int(r["step"]), []).append(r["accepted"])
+    by_step[int(exported_step)] = [r["accepted"] for r in final]
+    points = []
+    for step in sorted(by_step):
+        block = summarize(by_step[step], block_size)
+        points.append(
+            {
+                "step": step,
+                "exported": step == exported_step,
+                **{k: block[k] for k in ("acceptance_length", "acceptance_length_ci95", "steps", "prompts")},
+            }
+        )
+    return {"measured": True, "turn_kind": kind, "points": points}
 
 
 def headline(report: dict[str, Any]) -> str:
@@ -127,6 +173,32 @@ def headline(report: dict[str, Any]) -> str:
 
 def _fmt(value: float | None) -> str:
     return "?" if value is None else f"{value:.2f}"
+
+
+def _group_table(report: dict[str, Any], key: str, title: str, column: str) -> list[str]:
+    """A table of every drafter's figures per group (category or turn kind), when there are groups."""
+    drafters = report.get("drafters") or {}
+    names = sorted({g for d in drafters.values() for g in (d.get(key) or {})})
+    if not names:
+        return []
+    lines = [
+        "",
+        f"## {title}",
+        "",
+        f"| {column} | drafter | acceptance length | 95% interval | prompts | speedup |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        for drafter, d in drafters.items():
+            g = (d.get(key) or {}).get(name)
+            if not g:
+                continue
+            ci = g.get("acceptance_length_ci95") or [None, None]
+            lines.append(
+                f"| {name} | {drafter} | {_fmt(g.get('acceptance_length'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] "
+                f"| {g.get('prompts')} | {_fmt((g.get('speedup') or {}).get('value'))} |"
+            )
+    return lines
 
 
 def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str | None = None) -> str:
@@ -157,7 +229,10 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Plain greedy decoding of the same target: {_fmt(report.get('plain_tokens_per_s'))} tokens/s.",
+        f"Plain greedy decoding of the same target: {_fmt(report.get('plain_tokens_per_s'))} tokens/s "
+        "(concurrency 1). Batch setting: "
+        + (((report.get("speedup") or {}).get("batch") or {}).get("reason") or "not measured")
+        + ".",
         "",
     ]
     lines += ["## Acceptance by position", "", "Share of steps whose k-th draft token was accepted.", ""]
@@ -167,21 +242,27 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
         lines.append(
             f"| {name} | " + " | ".join(_fmt(x) for x in d.get("acceptance_by_position") or []) + " |"
         )
-    cats = ((report.get("drafters") or {}).get("trained") or {}).get("categories") or {}
-    if cats:
+    lines += _group_table(report, "categories", "Per category", "category")
+    lines += _group_table(report, "turn_kinds", "Per kind of turn (thinking switch)", "turn kind")
+    steps = report.get("training_steps") or {}
+    lines += ["", "## Acceptance against training step", ""]
+    if steps.get("measured"):
         lines += [
+            f"The trained drafter at each checkpoint the run kept, on the same prompts "
+            f"({steps.get('turn_kind')} turns).",
             "",
-            "## Trained drafter per category",
-            "",
-            "| category | acceptance length | 95% interval | speedup |",
+            "| step | acceptance length | 95% interval |",
+            "|---|---|---|",
         ]
-        lines.append("|---|---|---|---|")
-        for name, c in cats.items():
-            ci = c.get("acceptance_length_ci95") or [None, None]
+        for point in steps["points"]:
+            ci = point.get("acceptance_length_ci95") or [None, None]
+            mark = " (exported)" if point.get("exported") else ""
             lines.append(
-                f"| {name} | {_fmt(c.get('acceptance_length'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] "
-                f"| {_fmt((c.get('speedup') or {}).get('value'))} |"
+                f"| {point['step']}{mark} | {_fmt(point.get('acceptance_length'))} "
+                f"| [{_fmt(ci[0])}, {_fmt(ci[1])}] |"
             )
+    else:
+        lines.append(steps.get("reason", STEPS_NOT_MEASURED))
     lines += ["", "## Tree verification (DDTree)", ""]
     tree = report.get("tree") or {}
     if tree.get("measured"):
@@ -216,7 +297,8 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
 
 
 def draw_plots(report: dict[str, Any], output_dir: Path) -> tuple[list[Path], str | None]:
-    """PNG plots (acceptance by position; speedup per category). Returns (files, note when skipped)."""
+    """PNG plots (acceptance by position; speedup per category; acceptance against training step when the
+    run kept several checkpoints). Returns (files, note when skipped)."""
     try:
         import matplotlib
 
@@ -248,6 +330,24 @@ def draw_plots(report: dict[str, Any], output_dir: Path) -> tuple[list[Path], st
         ax.set_ylabel("speedup (spec / plain tokens/s)")
         ax.set_title("Speedup per category (trained drafter)")
         files.append(_save(fig, output_dir / "speedup_by_category.png"))
+        plt.close(fig)
+    points = (report.get("training_steps") or {}).get("points") or []
+    if len(points) >= 2:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        xs = [p["step"] for p in points]
+        ys = [p["acceptance_length"] for p in points]
+        cis = [p.get("acceptance_length_ci95") or [p["acceptance_length"]] * 2 for p in points]
+        lo = [y - ci[0] for y, ci in zip(ys, cis, strict=True)]
+        hi = [ci[1] - y for y, ci in zip(ys, cis, strict=True)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label="trained")
+        untrained = (drafters.get("untrained") or {}).get("acceptance_length")
+        if untrained is not None:
+            ax.axhline(untrained, color="grey", linewidth=0.8, linestyle="--", label="untrained")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("acceptance length")
+        ax.set_title("Acceptance against training step")
+        ax.legend()
+        files.append(_save(fig, output_dir / "acceptance_by_step.png"))
         plt.close(fig)
     return files, None
 

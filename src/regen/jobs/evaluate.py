@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ from .status import RUNNING_STATES, Status
 log = logging.getLogger("regen.jobs.evaluate")
 
 # Bumped when what the harness measures changes, so old reports are not mistaken for current ones.
-METHOD = "dflash-greedy-chain+ddtree/2"
+METHOD = "dflash-greedy-chain+ddtree/3"
 DRAFTER_CHOICES = ("trained", "untrained", "oracle")
 __all__ = ["EXIT_FAILED_RECORDS", "EXIT_OK", "EXIT_USAGE", "JobError", "main", "run_main"]
 FULL_HASH_LIMIT = 1 << 30  # model files above this are identified by name and size, not content
@@ -146,27 +147,31 @@ def files_digest(directory: Path, patterns: tuple[str, ...]) -> str:
 
 
 class Results:
-    """results.jsonl: one line per (drafter, prompt) for the current inputs digest; lines of another digest
-    are dropped when the file is opened, so a changed checkpoint is evaluated afresh."""
+    """results.jsonl: one line per (drafter, prompt, turn kind) for the current inputs digest; lines of
+    another digest are dropped when the file is opened, so a changed checkpoint is evaluated afresh."""
 
     def __init__(self, path: Path, digest: str):
         self.path = path
         self.digest = digest
-        self.rows: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rows: dict[tuple[str, str, str], dict[str, Any]] = {}
         if path.exists():
             for _, raw in iter_lines(path):
                 row, err = decode_json_line(raw)
                 if not err and isinstance(row, dict) and row.get("digest") == digest:
-                    self.rows[(row["drafter"], row["prompt_id"])] = row
+                    self.rows[self.key(row)] = row
         # Rewrite now: drops stale lines and a torn last line from a crash.
         atomic_write_bytes(path, b"".join(json.dumps(r).encode() + b"\n" for r in self.rows.values()))
 
-    def has(self, drafter: str, prompt_id: str) -> bool:
-        return (drafter, prompt_id) in self.rows
+    @staticmethod
+    def key(row: dict[str, Any]) -> tuple[str, str, str]:
+        return (row["drafter"], row["prompt_id"], row.get("turn_kind", "default"))
+
+    def has(self, drafter: str, prompt_id: str, turn_kind: str = "default") -> bool:
+        return (drafter, prompt_id, turn_kind) in self.rows
 
     def add(self, row: dict[str, Any]) -> None:
         row = {**row, "digest": self.digest}
-        self.rows[(row["drafter"], row["prompt_id"])] = row
+        self.rows[self.key(row)] = row
         with open(self.path, "ab") as fh:
             fh.write(json.dumps(row).encode() + b"\n")
             fh.flush()
@@ -195,6 +200,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--prompt-max-tokens", type=int, default=256, help="longer prompts keep their last tokens")
     p.add_argument(
+        "--chat-template-kwargs",
+        default="{}",
+        help="chat-template variables the completions were generated with, e.g. '{\"thinking\": true}' "
+        "(the plan's generation.chat_template_kwargs)",
+    )
+    p.add_argument(
+        "--thinking-switch",
+        default="",
+        help="the template's boolean thinking variable (the plan's generation.thinking_switch, e.g. "
+        "`thinking` for Kimi, `enable_thinking` for Qwen3); needed by --turn-kinds",
+    )
+    p.add_argument(
+        "--turn-kinds",
+        default="",
+        help="comma list of thinking,non-thinking: every prompt is evaluated as each kind of turn (the "
+        "switch set on or off over --chat-template-kwargs); empty: only the turns the kwargs give",
+    )
+    p.add_argument(
         "--drafters", default=",".join(DRAFTER_CHOICES), help="comma list of trained,untrained,oracle"
     )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -203,12 +226,61 @@ def build_parser() -> argparse.ArgumentParser:
         default="4,16,64",
         help="DDTree node budgets scored beside the chain (comma list; empty: none)",
     )
+    p.add_argument(
+        "--training-steps",
+        type=int,
+        default=0,
+        help="also evaluate up to N earlier checkpoints the training run kept (found through the export's "
+        "regen-export-step*.json marker), trained drafter only, chain verification, the first turn kind: "
+        "acceptance against training step (0: none)",
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt selection and the untrained drafter's init")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-trust-remote-code", action="store_true")
     p.add_argument("--force", action="store_true", help="re-evaluate even when the report is up to date")
     p.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
     return p
+
+
+def export_marker(checkpoint: Path) -> dict[str, Any] | None:
+    """The train stage's `regen-export-step<N>.json` in an export directory: {checkpoint, step, run_id}."""
+    for marker in sorted(checkpoint.glob("regen-export-step*.json")):
+        doc = _load_json(marker)
+        if doc and isinstance(doc.get("step"), int) and doc.get("checkpoint") and doc.get("run_id"):
+            return doc
+    return None
+
+
+def earlier_checkpoints(checkpoint: Path, limit: int) -> tuple[int | None, list[dict[str, Any]]]:
+    """(step of the evaluated export, up to `limit` other complete checkpoints of its run, oldest first).
+
+    Only an export of the train stage says which run and step it came from; a drafter of the user's has
+    no series to draw.
+    """
+    marker = export_marker(checkpoint)
+    if marker is None or limit < 1:
+        return (marker or {}).get("step"), []
+    from ..training.checkpoints import list_checkpoints
+
+    found = list_checkpoints(Path(marker["checkpoint"]).parent, marker["run_id"])
+    others = [c for c in found if c["complete"] and c["step"] != marker["step"]]
+    return marker["step"], others[-limit:]
+
+
+def export_step(checkpoint: dict[str, Any], draft_config: Path, out: Path) -> Path:
+    """An earlier SpecForge checkpoint as an HF drafter directory, through SpecForge's own exporter (the
+    call `specforge export --to hf` makes), once per checkpoint."""
+    target = out / f"step{checkpoint['step']}"
+    if (target / "config.json").is_file() and list(target.glob("*.safetensors")):
+        return target
+    from specforge.export import export_to_hf
+
+    staging = out / f".step{checkpoint['step']}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    export_to_hf(checkpoint["path"], str(draft_config), str(staging))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)
+    return target
 
 
 def _drafters(text: str) -> list[str]:
@@ -219,8 +291,49 @@ def _drafters(text: str) -> list[str]:
     return names
 
 
-def _tokenize(tokenizer: Any, turns: list[dict[str, str]], limit: int) -> list[int]:
-    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+TURN_KINDS = ("thinking", "non-thinking")
+
+
+def turn_kinds(kwargs_text: str, switch: str, kinds_text: str) -> dict[str, dict[str, Any]]:
+    """Kind of turn -> the chat-template variables that render it.
+
+    Without --turn-kinds there is one kind: the turns --chat-template-kwargs gives, named after its
+    thinking switch when that is known (`thinking` / `non-thinking`), else `default`.
+    """
+    try:
+        kwargs = json.loads(kwargs_text)
+    except ValueError as exc:
+        raise JobError(
+            f"--chat-template-kwargs is not JSON ({exc}); pass e.g. '{{\"thinking\": true}}'"
+        ) from None
+    if not isinstance(kwargs, dict):
+        raise JobError("--chat-template-kwargs must be a JSON object such as '{\"thinking\": true}'")
+    kinds = [k.strip() for k in kinds_text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in TURN_KINDS]
+    if bad:
+        raise JobError(f"--turn-kinds {kinds_text!r}: choose from {', '.join(TURN_KINDS)}")
+    if kinds and not switch:
+        raise JobError(
+            "--turn-kinds needs --thinking-switch (the chat template's thinking variable, the plan's "
+            "generation.thinking_switch); this model's template may have none: leave --turn-kinds empty"
+        )
+    if switch and switch in kwargs and not isinstance(kwargs[switch], bool):
+        raise JobError(
+            f"--chat-template-kwargs sets {switch}={kwargs[switch]!r}: turn kinds need a true/false switch"
+        )
+    if not kinds:
+        if not switch:
+            return {"default": kwargs}
+        return {"thinking" if kwargs.get(switch, True) else "non-thinking": kwargs}
+    return {kind: {**kwargs, switch: kind == "thinking"} for kind in dict.fromkeys(kinds)}
+
+
+def _tokenize(
+    tokenizer: Any, turns: list[dict[str, str]], limit: int, kwargs: dict[str, Any] | None = None
+) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        turns, tokenize=False, add_generation_prompt=True, **(kwargs or {})
+    )
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return ids[-limit:]
 
@@ -269,6 +382,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.target_model} has no config.json: pass the target model directory (--target-model)"
         )
     prompts = load_prompts(args.prompts, args.max_prompts, args.seed)
+    kinds = turn_kinds(args.chat_template_kwargs, args.thinking_switch, args.turn_kinds)
+    if args.training_steps < 0:
+        raise JobError("--training-steps must be 0 (none) or more")
+    exported_step, earlier = (
+        earlier_checkpoints(args.checkpoint, args.training_steps)
+        if "trained" in drafters
+        else (None, [])
+    )
     settings = {
         "method": METHOD,
         "drafters": drafters,
@@ -278,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "seed": args.seed,
         "tree_budgets": budgets,
+        "turn_kinds": kinds,
         "device": "cpu",
         "prompts_source": str(args.prompts),
     }
@@ -289,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         "prompts_digest": hashlib.sha256(canonical_json(prompts)).hexdigest(),
         "prompt_ids": [p["id"] for p in prompts],
         "drafter": checkpoint_info,
+        "exported_step": exported_step,
+        "earlier_checkpoints": [
+            {"step": c["step"], "digest": files_digest(Path(c["path"]), ("*.pt",))} for c in earlier
+        ],
     }
     digest = hashlib.sha256(canonical_json({"settings": settings, "inputs": inputs})).hexdigest()
     report_path = out / "report.json"
@@ -328,28 +454,32 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     results = Results(out / "results.jsonl", digest)
-    total = len(prompts) * len(drafters)
+    total = len(prompts) * (len(drafters) * len(kinds) + len(earlier))
     began = time.monotonic()
 
     def _run_all() -> None:
         """Every drafter over every prompt not yet in `results` (each run is committed as it ends)."""
         # One untimed decode first: the first forwards pay one-off costs (allocations, kernel selection).
-        ref.greedy_decode(target, _tokenize(tokenizer, prompts[0]["turns"], args.prompt_max_tokens), 4, stops)
-        for prompt in prompts:
-            if all(results.has(name, prompt["id"]) for name in drafters):
-                continue
-            ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens)
-            plain = ref.greedy_decode(target, ids, args.max_new_tokens, stops)
-            # The target's own continuation, a block longer than the output so the last step is full too: the
-            # oracle's drafts, and the truth a DDTree's paths are checked against.
-            cont = ids + ref.greedy_decode(target, ids, args.max_new_tokens + block, ()).tokens
-            for name in drafters:
-                if results.has(name, prompt["id"]):
+        first_kwargs = next(iter(kinds.values()))
+        warm = _tokenize(tokenizer, prompts[0]["turns"], args.prompt_max_tokens, first_kwargs)
+        ref.greedy_decode(target, warm, 4, stops)
+        for kind, kwargs in kinds.items():
+            for prompt in prompts:
+                if all(results.has(name, prompt["id"], kind) for name in drafters):
                     continue
-                if name == "oracle":
-                    proposer: Any = ref.OracleProposer(cont, block)
-                else:
-                    proposer = proposers[name]
+                _run_prompt(prompt, kind, kwargs)
+        # Acceptance against training step: the earlier checkpoints on the same prompts, first turn kind.
+        kind, kwargs = next(iter(kinds.items()))
+        for checkpoint in earlier:
+            name = f"trained@{checkpoint['step']}"
+            if all(results.has(name, p["id"], kind) for p in prompts):
+                continue
+            path = export_step(checkpoint, args.checkpoint / "config.json", out / "steps")
+            proposer = ref.DFlashProposer(ref.load_drafter(path, args.dtype), target)
+            for prompt in prompts:
+                if results.has(name, prompt["id"], kind):
+                    continue
+                ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens, kwargs)
                 spec = ref.speculative_decode(
                     target,
                     proposer,
@@ -359,54 +489,95 @@ def main(argv: list[str] | None = None) -> int:
                     layer_ids=layers,
                     max_new=args.max_new_tokens,
                     stop_ids=stops,
-                    tree_budgets=budgets if name != "oracle" else (),
-                    continuation=cont,
                 )
-                lossless = spec.tokens == plain.tokens
-                if not lossless:
-                    log.error(
-                        "speculative output differs from greedy decoding",
-                        extra=kv(
-                            drafter=name,
-                            prompt=prompt["id"],
-                            first_diff=_first_diff(spec.tokens, plain.tokens),
-                        ),
-                    )
                 results.add(
                     {
                         "drafter": name,
+                        "step": checkpoint["step"],
                         "prompt_id": prompt["id"],
+                        "turn_kind": kind,
                         "category": prompt["category"],
                         "accepted": spec.accepted,
                         "tokens": len(spec.tokens),
                         "seconds": round(spec.seconds, 6),
-                        "plain_tokens": len(plain.tokens),
-                        "plain_seconds": round(plain.seconds, 6),
-                        "lossless": lossless,
-                        "tree": {str(b): steps for b, steps in spec.tree_accepted.items()},
                     }
-                )
-                log.info(
-                    "evaluated",
-                    extra=kv(
-                        drafter=name,
-                        prompt=prompt["id"],
-                        steps=spec.steps,
-                        tokens=len(spec.tokens),
-                        lossless=lossless,
-                    ),
                 )
                 status.maybe_write(lambda: progress("running"))
 
+    def _run_prompt(prompt: dict[str, Any], kind: str, kwargs: dict[str, Any]) -> None:
+        ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens, kwargs)
+        plain = ref.greedy_decode(target, ids, args.max_new_tokens, stops)
+        # The target's own continuation, a block longer than the output so the last step is full too: the
+        # oracle's drafts, and the truth a DDTree's paths are checked against.
+        cont = ids + ref.greedy_decode(target, ids, args.max_new_tokens + block, ()).tokens
+        for name in drafters:
+            if results.has(name, prompt["id"], kind):
+                continue
+            if name == "oracle":
+                proposer: Any = ref.OracleProposer(cont, block)
+            else:
+                proposer = proposers[name]
+            spec = ref.speculative_decode(
+                target,
+                proposer,
+                ids,
+                block_size=block,
+                mask_token_id=mask,
+                layer_ids=layers,
+                max_new=args.max_new_tokens,
+                stop_ids=stops,
+                tree_budgets=budgets if name != "oracle" else (),
+                continuation=cont,
+            )
+            lossless = spec.tokens == plain.tokens
+            if not lossless:
+                log.error(
+                    "speculative output differs from greedy decoding",
+                    extra=kv(
+                        drafter=name,
+                        prompt=prompt["id"],
+                        turn_kind=kind,
+                        first_diff=_first_diff(spec.tokens, plain.tokens),
+                    ),
+                )
+            results.add(
+                {
+                    "drafter": name,
+                    "prompt_id": prompt["id"],
+                    "turn_kind": kind,
+                    "category": prompt["category"],
+                    "accepted": spec.accepted,
+                    "tokens": len(spec.tokens),
+                    "seconds": round(spec.seconds, 6),
+                    "plain_tokens": len(plain.tokens),
+                    "plain_seconds": round(plain.seconds, 6),
+                    "lossless": lossless,
+                    "tree": {str(b): steps for b, steps in spec.tree_accepted.items()},
+                }
+            )
+            log.info(
+                "evaluated",
+                extra=kv(
+                    drafter=name,
+                    prompt=prompt["id"],
+                    turn_kind=kind,
+                    steps=spec.steps,
+                    tokens=len(spec.tokens),
+                    lossless=lossless,
+                ),
+            )
+            status.maybe_write(lambda: progress("running"))
+
     def progress(state: str, error: str | None = None) -> dict[str, Any]:
-        """The status document (`regen.jobs.status`): one unit is one drafter's run over one prompt."""
+        """The status document (`regen.jobs.status`): one unit is one drafter's run over one prompt, as one
+        kind of turn (earlier checkpoints: the trained drafter at that step)."""
         done = len(results.rows)
         ended = state not in RUNNING_STATES
         return Status(
             job="evaluate",
             state=state,
             item="run",
-            line=f"evaluate: state={state} runs={done}/{total} (drafter x prompt)",
+            line=f"evaluate: state={state} runs={done}/{total} (drafter x prompt x turn kind)",
             done=done,
             total=total,
             exit_code=(EXIT_OK if state == "succeeded" else EXIT_FAILED_RECORDS) if ended else None,
@@ -417,8 +588,19 @@ def main(argv: list[str] | None = None) -> int:
     status.arm()  # an error from here on ends as `failed` (or interrupted) in status.json (run_main)
     _run_all()
 
-    rows = [results.rows[(name, p["id"])] for p in prompts for name in drafters]
-    report = build_report(rows, block_size=block, settings=settings, inputs=inputs)
+    rows = [results.rows[(name, p["id"], kind)] for kind in kinds for p in prompts for name in drafters]
+    first_kind = next(iter(kinds))
+    step_rows = [
+        results.rows[(f"trained@{c['step']}", p["id"], first_kind)] for c in earlier for p in prompts
+    ]
+    report = build_report(
+        rows,
+        block_size=block,
+        settings=settings,
+        inputs=inputs,
+        step_rows=step_rows,
+        exported_step=exported_step,
+    )
     report["inputs_digest"] = digest
     report["regen_version"] = __version__
     plots, note = draw_plots(report, out)

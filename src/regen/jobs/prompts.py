@@ -12,11 +12,13 @@ and access to the hub), or a JSON object with the options:
    "sample": 1000, "seed": 0, "id_prefix": "sharegpt-", "name": "label in reports"}
 
 Every row becomes `{"id", "conversations": [{"role", "content"}, ...]}` (SpecForge's format; roles system,
-user, assistant). ShareGPT (`from`/`value`, human/gpt), OpenAI `messages`, and prompt-only rows (`prompt`,
-`instruction` + `input`, `question`, ...) are recognised. Ids are the source's own (with `id_prefix`) or a
-hash of the prompt content. Rows whose prompt side (system and user turns; assistant text is regenerated
-later anyway) repeats an earlier row are dropped as duplicates. Sampling keeps the N rows with the smallest
-keyed hash of (seed, id): the same input and seed give the same sample, whatever the order of the rows.
+user, assistant), plus its `category` (or `metadata.category`: code, math, chat...) when it has one, which
+the evaluate stage reports by. ShareGPT (`from`/`value`, human/gpt), OpenAI `messages`, and prompt-only rows
+(`prompt`, `instruction` + `input`, `question`, ...) are recognised. Ids are the source's own (with
+`id_prefix`) or a hash of the prompt content. Rows whose prompt side (system and user turns; assistant text
+is regenerated later anyway) repeats an earlier row are dropped as duplicates. Sampling keeps the N rows
+with the smallest keyed hash of (seed, id): the same input and seed give the same sample, whatever the order
+of the rows.
 
 Output in DIR: `prompts-<fingerprint>-NNNNN.jsonl` shards, `rejects.jsonl` (rows that could not be
 normalized, with the reason), and `manifest.json`, written last, which commits the set. Running again with
@@ -138,6 +140,18 @@ def _pick(row: dict, mapping: dict, name: str, candidates: tuple[str, ...]) -> s
             raise Reject(f"mapped field {name}={key!r} is missing from the row (fields: {sorted(row)[:12]})")
         return key
     return next((k for k in candidates if k in row), None)
+
+
+def row_category(row: Any) -> str | None:
+    """A row's `category` (or `metadata.category`) when it is a short string, else None."""
+    if not isinstance(row, dict):
+        return None
+    value = row.get("category")
+    if value is None and isinstance(row.get("metadata"), dict):
+        value = row["metadata"].get("category")
+    if isinstance(value, str) and 0 < len(value.strip()) <= 64:
+        return value.strip()
+    return None
 
 
 def normalize_conversation(row: Any, mapping: dict[str, str] | None = None) -> list[dict[str, str]]:
@@ -491,11 +505,14 @@ class _ShardWriter:
         self._hash = hashlib.sha256()
         self._buf: list[bytes] = []
 
-    def write(self, rid: str, turns: list) -> None:
+    def write(self, rid: str, turns: list, category: str | None = None) -> None:
         if self._file is None:
             self._name = f"prompts-{self.fp8}-{len(self.shards):05d}.jsonl"
             self._file = AtomicFile(self.out / self._name)
-        line = json.dumps({"id": rid, "conversations": turns}, ensure_ascii=False).encode() + b"\n"
+        row: dict[str, Any] = {"id": rid, "conversations": turns}
+        if category:
+            row["category"] = category
+        line = json.dumps(row, ensure_ascii=False).encode() + b"\n"
         self._buf.append(line)
         self._hash.update(line)
         self._rows += 1
@@ -810,12 +827,16 @@ def _build(
         (out / EVAL_DIR).mkdir(exist_ok=True)
         eval_writer = _ShardWriter(out / EVAL_DIR, fp[:8], shard_rows)
 
+    # A source row's `category` (code/math/chat...) travels with its prompt, so the evaluate stage can
+    # report per category; the first row kept under an id decides it.
+    categories: dict[str, str] = {}
+
     def put(rid: str, turns: list) -> None:
         """Training shards, or the held-out evaluation split (never trained on)."""
         if eval_writer is not None and in_eval_split(seed, rid, eval_fraction):
-            eval_writer.write(rid, turns)
+            eval_writer.write(rid, turns, categories.get(rid))
         else:
-            writer.write(rid, turns)
+            writer.write(rid, turns, categories.get(rid))
             lengths.add(turns)
 
     rejects = AtomicFile(out / "rejects.jsonl")
@@ -890,6 +911,9 @@ def _build(
                     continue
                 pkey = prompt_key(turns)
                 order += 1
+                category = row_category(row)
+                if category and pkey not in seen_prompts and pkey not in local_seen:
+                    categories.setdefault(rid, category)
                 if per is None:
                     emit(src, rid, turns, pkey, order, where)
                 elif pkey in local_seen or pkey in seen_prompts:
@@ -928,7 +952,7 @@ def _build(
         "fingerprint": fp,
         "generator": f"regen {__version__}",
         "created_at": time.time(),
-        "format": "jsonl: {id, conversations: [{role, content}]}",
+        "format": "jsonl: {id, conversations: [{role, content}], category?}",
         "shards": shards,
         "rows": counts.rows,
         "read": counts.read,
