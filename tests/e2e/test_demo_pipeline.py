@@ -1,8 +1,11 @@
 """The README's first command, end to end: the whole pipeline on the embedded default, twice.
 
-The first run builds the demo model and runs every stage on localhost; the second must find all of it
-done and report changed=0 on every host. A third run after the server was stopped (what the train stage
-does on a GPU host to free the GPUs) must leave it stopped, since nothing is left to generate.
+The first run builds the demo model (a copy from the builder's cache when the tests built it already) and
+runs every stage on localhost; its evaluation must discriminate: on the held-out prompts the trained drafter's
+acceptance length lies clearly above the untrained one's (95% intervals apart) and the oracle reaches the
+block size the report names. The second run must find all of it done and report changed=0 on every host. A
+third run after the server was stopped (what the train stage does on a GPU host to free the GPUs) must leave
+it stopped, since nothing is left to generate.
 """
 
 from __future__ import annotations
@@ -14,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.ansible import run_playbook
+from tests.helpers.ansible import ROOT, run_playbook
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
@@ -36,9 +38,15 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwar
     for row in ("model", "plan", "budget", "serve", "generate", "tokenize", "train", "evaluate"):
         assert re.search(rf"^\s+{row}\s", summary, re.MULTILINE), (row, summary[:2000])
     # The evaluation's headline: the oracle reaches the block size and every output was lossless.
-    headline = r"^\s+evaluate\s+acceptance length trained .*oracle 16\.00 .*; lossless$"
+    report = json.loads((ROOT / "artifacts" / "evaluate" / "report.json").read_text())
+    block = report["block_size"]
+    headline = rf"^\s+evaluate\s+acceptance length trained .*oracle {block}\.00 .*; lossless$"
     assert re.search(headline, summary, re.MULTILINE), summary[:3000]
     _the_length_budget_was_measured_and_followed()
+    _assert_the_evaluation_discriminates(report)
+    for plot in ("acceptance_by_position", "speedup_by_category", "acceptance_by_step"):
+        assert (ROOT / "artifacts" / "evaluate" / f"{plot}.png").read_bytes()[:4] == b"\x89PNG", plot
+        assert f"({plot}.png)" in (ROOT / "artifacts" / "evaluate" / "report.md").read_text()
     output, second = _run_pipeline()
     assert all(stats["changed"] == 0 for stats in second.values()), (second, output[-6000:])
 
@@ -57,12 +65,31 @@ def _the_length_budget_was_measured_and_followed() -> None:
     facts = json.loads((ROOT / "artifacts" / "model_facts.json").read_text())
     length = facts["plan"]["length"]
     prompt_set = length["prompt_set"]["value"]
-    assert prompt_set["method"] == "tokens" and prompt_set["rows"] == 24, prompt_set
+    # Only the training split counts: the held-out evaluation prompts are never generated for.
+    manifest = json.loads((ROOT / ".work" / "prompts" / "manifest.json").read_text())
+    assert prompt_set["method"] == "tokens" and prompt_set["rows"] == manifest["rows"], (prompt_set, manifest)
     need = max(g["prompt_tokens"] + g["turns"] * (48 + 8) for g in prompt_set["groups"])
     assert length["budget"]["value"] == need and length["max_tokens"]["value"] == 48, length
     assert facts["plan"]["generation"]["concurrency"]["value"] == 4  # no GPU
     stats = json.loads((ROOT / "artifacts" / "tokenized" / "stats.json").read_text())
     assert stats["config"]["max_length"] == need
+
+
+def _assert_the_evaluation_discriminates(report: dict) -> None:
+    """Trained above untrained, 95% intervals apart, on prompts held out from training, for each turn kind."""
+    drafters = report["drafters"]
+    assert report["lossless"] is True
+    assert report["settings"]["prompts_source"].endswith("/eval"), report["settings"]
+    assert drafters["oracle"]["acceptance_length"] == report["block_size"]
+    trained, untrained = drafters["trained"], drafters["untrained"]
+    assert trained["acceptance_length_ci95"][0] > untrained["acceptance_length_ci95"][1], (trained, untrained)
+    for kind in report["turn_kinds"]:
+        low = trained["turn_kinds"][kind]["acceptance_length_ci95"][0]
+        assert low > untrained["turn_kinds"][kind]["acceptance_length_ci95"][1], (kind, trained["turn_kinds"])
+    # More training helps: the exported checkpoint beats the earliest one the run kept.
+    points = report["training_steps"]["points"]
+    assert len(points) >= 2 and points[-1]["exported"], report["training_steps"]
+    assert points[-1]["acceptance_length"] > points[0]["acceptance_length"], points
 
 
 def _listening(port: int) -> bool:

@@ -44,7 +44,7 @@ def small_tmpfs(tmp_path):
     )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    # a disk others filled: six pages are left, less than the 24 completions and their ledger need
+    # a disk others filled: six pages are left, less than the demo's completions and their ledger need
     (point / "filler").write_bytes(b"\0" * (256 - 24) * 1024)
     yield point
     subprocess.run(["umount", "-l", str(point)], check=False)

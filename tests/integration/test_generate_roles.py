@@ -8,10 +8,14 @@ data and artifacts go to a temporary directory. Real-model generation runs in th
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 from regen.testing.stub_openai_server import StubConfig, StubServer
 from tests.helpers.ansible import run_playbook
+
+# The prompts regen ships for the embedded default (`builtin: demo`).
+DEMO_PROMPTS = len(resources.files("regen.data").joinpath("demo_prompts.jsonl").read_text().splitlines())
 
 
 def play(extra_vars: dict, *args: str) -> tuple[int, int, str]:
@@ -51,6 +55,8 @@ def test_prompts_and_generate_stages(tmp_path):
             "completions_poll_interval_s": 1,
             "completions_concurrency": 8,
             "completions_max_retries": 1,
+            # every prompt is generated (the local inventory holds a quarter out for the evaluate stage)
+            "prompt_data_eval_fraction": 0.0,
         }
         rc, changed, out = play(extra, "--check")
         assert (rc, changed) == (0, 2), out[-4000:]
@@ -60,7 +66,7 @@ def test_prompts_and_generate_stages(tmp_path):
         rc, changed, out = play(extra)
         assert (
             rc != 0
-            and "done=24 failed=2" in out
+            and f"done={DEMO_PROMPTS} failed=2" in out
             and "errors.jsonl; those that failed on the server side are retried" in out
         ), out[-4000:]
         completions = tmp_path / "work" / "completions"
@@ -69,7 +75,7 @@ def test_prompts_and_generate_stages(tmp_path):
             for p in sorted(completions.glob("completions-*.jsonl"))
             for x in p.read_text().splitlines()
         ]
-        assert len(recs) == len({r["id"] for r in recs}) == 24
+        assert len(recs) == len({r["id"] for r in recs}) == DEMO_PROMPTS
         # the facts decided the kwargs and the served name; the stub answered with reasoning because of them
         assert all(r["body"]["chat_template_kwargs"] == {"thinking": True} for r in stub.requests)
         assert all(r["body"]["model"] == "regen-demo-kimi" for r in stub.requests)
@@ -78,14 +84,15 @@ def test_prompts_and_generate_stages(tmp_path):
         # the server recovers: the next run retries only the two, then everything is up to date
         stub.configure(fail_match=None)
         rc, changed, out = play(extra)
-        assert rc == 0 and changed >= 1 and "done=2 failed=0 skipped=24" in out, out[-4000:]
+        assert rc == 0 and changed >= 1 and f"done=2 failed=0 skipped={DEMO_PROMPTS}" in out, out[-4000:]
         status = json.loads((tmp_path / "artifacts" / "completions" / "status-localhost.json").read_text())
-        assert status["state"] == "done" and status["skipped"] == 24
+        assert status["state"] == "done" and status["skipped"] == DEMO_PROMPTS
         sent = len(stub.requests)
 
         rc, changed, out = play(extra)
         assert (rc, changed) == (0, 0), out[-4000:]
-        assert "completions up to date: 26 of 26" in out and len(stub.requests) == sent
+        total = DEMO_PROMPTS + 2
+        assert f"completions up to date: {total} of {total}" in out and len(stub.requests) == sent
 
         rc, changed, out = play(extra, "--check")
         assert (rc, changed) == (0, 0), out[-4000:]

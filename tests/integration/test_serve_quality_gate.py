@@ -1,6 +1,7 @@
-"""The serving role's output-quality gate on the real demo server (`transformers serve`, random weights).
+"""The serving role's output-quality gate on the real demo server (`transformers serve`, the demo model).
 
-The demo model cannot answer the probes, which makes it a real wrong-answer server: with the gate
+The demo model (tiny, pre-trained on a 12 KB corpus) cannot answer the probes, which makes it a real
+wrong-answer server: with the gate
 enforced (sglang_server_quality_not_applicable_reason: '') the serve stage must fail naming the failed
 probes, the suggestion and the log tail; by default the role finds the demo model in config.json and
 marks the probes not applicable (they still run), and a second run stays changed=0.
@@ -14,7 +15,7 @@ from pathlib import Path
 from tests.integration.test_serve_role import _free_port, _inventory, _play, teardown_after  # noqa: F401
 
 
-def test_gate_fails_on_random_weights_when_enforced_and_is_not_applicable_by_default(
+def test_gate_fails_on_the_demo_model_when_enforced_and_is_not_applicable_by_default(
     tmp_path: Path, demo_model_dir: Path, teardown_after  # noqa: F811
 ) -> None:
     port = _free_port()
@@ -33,7 +34,7 @@ def test_gate_fails_on_random_weights_when_enforced_and_is_not_applicable_by_def
     output, (_, _, _, failed) = _play(default, "serve.yml")
     assert failed == 0, output[-5000:]
     assert "quality gate: not_applicable" in output
-    assert "the demo model has random weights" in output
+    assert "the demo model is a tiny model pre-trained on a 12 KB corpus" in " ".join(output.split())
     output, (_, changed, _, failed) = _play(default, "serve.yml")
     assert (changed, failed) == (0, 0), output[-5000:]
     records = tmp_path / "artifacts" / "serving" / "localhost-main"

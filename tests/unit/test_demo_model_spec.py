@@ -193,12 +193,19 @@ def test_spec_validation_names_the_problem() -> None:
         replace(spec.DemoSpec(), first_k_dense_replace=4).validate()
     with pytest.raises(ValueError, match="seed"):
         replace(spec.DemoSpec(), seed=-1).validate()
+    with pytest.raises(ValueError, match="pretrain_steps=-1"):
+        replace(spec.DemoSpec(), pretrain_steps=-1).validate()
+    with pytest.raises(ValueError, match="pretrain_threads=0"):
+        replace(spec.DemoSpec(), pretrain_threads=0).validate()
+    with pytest.raises(ValueError, match="pretrain_learning_rate"):
+        replace(spec.DemoSpec(), pretrain_learning_rate=0.0).validate()
 
 
-def test_input_hash_follows_the_seed_and_is_stable() -> None:
+def test_input_hash_follows_the_seed_and_the_pretraining_and_is_stable() -> None:
     base = spec.DemoSpec()
     assert build.inputs_digest(base) == build.inputs_digest(spec.DemoSpec())
     assert build.inputs_digest(base) != build.inputs_digest(replace(base, seed=1))
+    assert build.inputs_digest(base) != build.inputs_digest(replace(base, pretrain_steps=0))
 
 
 def test_model_files_agree_on_the_architecture_name() -> None:

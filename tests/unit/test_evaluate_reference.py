@@ -68,6 +68,10 @@ oracle = ref.OracleProposer(prompts[0] + ref.greedy_decode(target, prompts[0], M
 spec = ref.speculative_decode(target, oracle, prompts[0], block_size=bs, mask_token_id=mask,
                               layer_ids=layers, max_new=MAX_NEW, stop_ids=[stop])
 out["stop"] = [plain.tokens, spec.tokens]
+# One decode gives both the plain (stopped) output and the longer continuation the oracle proposes from.
+both = ref.greedy_decode(target, prompts[0], MAX_NEW, [stop], continue_to=MAX_NEW + bs)
+longer = ref.greedy_decode(target, prompts[0], MAX_NEW + bs).tokens
+out["continue_to"] = [both.tokens == plain.tokens, both.continuation == longer, len(both.continuation)]
 
 # Weights that do not fit the config are refused, not silently re-initialised.
 import shutil
@@ -102,6 +106,11 @@ def test_plain_greedy_equals_transformers_generate(decoded: dict) -> None:
 def test_speculative_output_equals_greedy_for_every_proposer_and_prompt(decoded: dict) -> None:
     assert len(decoded["lossless"]) == 12
     assert all(same and n == 20 for _, same, n in decoded["lossless"]), decoded["lossless"]
+
+
+def test_one_decode_gives_the_stopped_output_and_the_longer_continuation(decoded: dict) -> None:
+    same_plain, same_continuation, length = decoded["continue_to"]
+    assert same_plain and same_continuation and length == 20 + decoded["block_size"]
 
 
 def test_oracle_reaches_the_block_size(decoded: dict) -> None:

@@ -80,9 +80,9 @@ def test_filler_text_is_not_an_answer(stub):
 
 
 def test_not_applicable_runs_and_reports_but_does_not_fail(stub):
-    verdict = _run(stub, not_applicable_reason="random weights")
+    verdict = _run(stub, not_applicable_reason="a model too small to answer")
     assert verdict["verdict"] == "not_applicable"
-    assert verdict["reasons"][0] == "probes not applicable: random weights"
+    assert verdict["reasons"][0] == "probes not applicable: a model too small to answer"
     assert all("(not enforced)" in r for r in verdict["reasons"][1:])
     assert len(verdict["probes"]) == 4
 
@@ -260,12 +260,12 @@ def test_cli_inline_probes_and_not_applicable(stub):
         "--probes-json",
         json.dumps(probes),
         "--not-applicable-reason",
-        "the demo model has random weights",
+        "the demo model cannot answer",
     )
     assert proc.returncode == 0, proc.stderr
     verdict = json.loads(proc.stdout)
     assert verdict["verdict"] == "not_applicable" and verdict["total"] == 1
-    assert "not applicable (the demo model has random weights)" in proc.stderr
+    assert "not applicable (the demo model cannot answer)" in proc.stderr
 
 
 def test_cli_api_key_env_file(stub, tmp_path):

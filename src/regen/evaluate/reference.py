@@ -301,6 +301,8 @@ class Decoded:
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verification step
     # Per tree budget: the draft tokens a DDTree of that budget would have had accepted at each step.
     tree_accepted: dict[int, list[int]] = field(default_factory=dict)
+    # greedy_decode(continue_to=N): the first N greedy tokens, stop tokens and all.
+    continuation: list[int] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -317,23 +319,36 @@ def _cut_at_stop(tokens: list[int], max_new: int, stop_ids: Sequence[int]) -> li
 
 @torch.inference_mode()
 def greedy_decode(
-    target: Target, prompt: Sequence[int], max_new: int, stop_ids: Sequence[int] = ()
+    target: Target,
+    prompt: Sequence[int],
+    max_new: int,
+    stop_ids: Sequence[int] = (),
+    continue_to: int = 0,
 ) -> Decoded:
-    """Plain autoregressive greedy decoding with a KV cache: one target forward per token."""
+    """Plain autoregressive greedy decoding with a KV cache: one target forward per token.
+
+    `tokens` and `seconds` are the plain decode (up to `max_new` tokens or a stop token). With
+    `continue_to`, the same decode then goes on, stops ignored and untimed, until `continue_to` tokens in
+    all (`continuation`): the target's own longer continuation, without decoding the prompt a second time.
+    """
     began = time.perf_counter()
     ids = torch.tensor([list(prompt)], dtype=torch.long)
     cache = target.new_cache()
     positions = torch.arange(ids.shape[1]).unsqueeze(0)
     logits = target.forward(ids, positions, cache, hidden=False).logits
     out: list[int] = []
+    plain: list[int] | None = None
+    seconds = 0.0
     while True:
         token = int(logits[0, -1].argmax())
         out.append(token)
-        if len(out) >= max_new or token in stop_ids:
+        if plain is None and (len(out) >= max_new or token in stop_ids):
+            plain, seconds = list(out), time.perf_counter() - began
+        if plain is not None and len(out) >= continue_to:
             break
         pos = len(prompt) + len(out) - 1
         logits = target.forward(torch.tensor([[token]]), torch.tensor([[pos]]), cache, hidden=False).logits
-    return Decoded(tokens=out, seconds=time.perf_counter() - began)
+    return Decoded(tokens=plain, seconds=seconds, continuation=out if continue_to else [])
 
 
 @torch.inference_mode()

@@ -506,10 +506,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def _run_prompt(prompt: dict[str, Any], kind: str, kwargs: dict[str, Any]) -> None:
         ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens, kwargs)
-        plain = ref.greedy_decode(target, ids, args.max_new_tokens, stops)
-        # The target's own continuation, a block longer than the output so the last step is full too: the
-        # oracle's drafts, and the truth a DDTree's paths are checked against.
-        cont = ids + ref.greedy_decode(target, ids, args.max_new_tokens + block, ()).tokens
+        # Plain greedy decoding (timed), then on to the target's own continuation a block longer than the
+        # output, so the last step is full too: the oracle's drafts and the truth DDTree paths are checked on.
+        plain = ref.greedy_decode(
+            target, ids, args.max_new_tokens, stops, continue_to=args.max_new_tokens + block
+        )
+        cont = ids + plain.continuation
         for name in drafters:
             if results.has(name, prompt["id"], kind):
                 continue

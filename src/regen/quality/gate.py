@@ -6,7 +6,7 @@ answer against the expectation (regen.quality.probes.check_answer) and its text 
 
   pass            every probe answered right and nothing looked degenerate
   fail            some probe failed; `failed` lists them with the reasons
-  not_applicable  the caller said why the probes cannot pass (the demo model has random weights): they
+  not_applicable  the caller said why the probes cannot pass (the demo model is too small to answer): they
                   still run, and their results are reported, but do not fail the gate
   unavailable     the endpoint did not answer (connection refused, HTTP errors, timeouts); always fatal
 
