@@ -67,7 +67,7 @@ def _demo_model(work: Path) -> Path:
     from regen.demo.build import build
 
     out = work / "demo"
-    build(out)
+    build(out, cache_dir=ROOT / ".cache" / "demo-models")  # pre-trained once, then copied
     return out
 
 

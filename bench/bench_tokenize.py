@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def demo_model() -> Path:
-    from regen.demo.build import build, inputs_digest
+    from regen.demo.build import build, cache_entry
     from regen.demo.spec import DemoSpec
 
     spec = DemoSpec()
-    out = ROOT / ".cache" / "demo-models" / inputs_digest(spec)[:16] / "regen-demo-kimi"
+    out = cache_entry(ROOT / ".cache" / "demo-models", spec)  # the pipeline's and the tests' cache
     build(out, spec)
     return out
 

@@ -54,7 +54,7 @@ else
 fi
 export PYTHONPATH=$PWD/src
 model=${MODEL:-$work/model}
-[ -n "${MODEL:-}" ] || "$py" -m regen.demo.build --output "$model" >/dev/null
+[ -n "${MODEL:-}" ] || "$py" -m regen.demo.build --output "$model" --cache-dir "$PWD/.cache/demo-models" >/dev/null
 
 # FSDP needs an accelerator: the CPU dry run trains under DDP (NO_SHARD), as the role does on CPU hosts.
 sharding=$([ "$device" = cuda ] && echo SHARD_GRAD_OP || echo NO_SHARD)

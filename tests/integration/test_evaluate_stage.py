@@ -82,6 +82,24 @@ def test_job_reports_resumes_and_skips_unchanged_inputs(work: Path, demo_model_d
     assert other["changed"] is True and log.count("evaluated drafter=") == 6
 
 
+def test_job_evaluates_each_kind_of_turn_with_the_templates_switch(work: Path, demo_model_dir: Path) -> None:
+    out = work / "kinds"
+    kinds = ["--chat-template-kwargs", '{"thinking": true}', "--thinking-switch", "thinking"]
+    kinds += ["--turn-kinds", "non-thinking,thinking"]
+    result, log = _job(work, demo_model_dir, "drafter-a", out, *kinds)
+    assert result["changed"] is True and result["lossless"] is True
+    report = json.loads((out / "report.json").read_text())
+    assert report["turn_kinds"] == ["non-thinking", "thinking"]
+    for name in ("trained", "untrained", "oracle"):
+        assert set(report["drafters"][name]["turn_kinds"]) == {"non-thinking", "thinking"}
+    assert report["settings"]["turn_kinds"]["non-thinking"] == {"thinking": False}
+    assert log.count("turn_kind=thinking") == log.count("turn_kind=non-thinking") == 6
+    status_doc = json.loads((out / "status.json").read_text())
+    assert (status_doc["done"], status_doc["total"]) == (12, 12)
+    # A drafter of the user's (no export marker of the train stage) has no training-step series.
+    assert report["training_steps"]["measured"] is False
+
+
 def test_playbook_publishes_the_report_and_a_second_run_changes_nothing(
     work: Path, demo_model_dir: Path, tmp_path: Path
 ) -> None:

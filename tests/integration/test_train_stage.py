@@ -26,6 +26,8 @@ import pytest
 from tests.helpers.ansible import run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
+# The demo builder's cache (the demo_model_dir fixture's too): the demo model pre-trains once per session.
+DEMO_CACHE = ROOT / ".cache" / "demo-models"
 BIN = Path(sys.executable).parent
 
 
@@ -184,7 +186,9 @@ def _steps(log: Path) -> dict[int, float]:
 def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
     model = tmp_path / "work" / "models" / "demo"
     subprocess.run(
-        [sys.executable, "-m", "regen.demo.build", "--output", str(model)], check=True, capture_output=True
+        [sys.executable, "-m", "regen.demo.build", "--output", str(model), "--cache-dir", str(DEMO_CACHE)],
+        check=True,
+        capture_output=True,
     )
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()

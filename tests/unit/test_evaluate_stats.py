@@ -44,10 +44,18 @@ def test_speedup_pairs_each_prompt_with_its_plain_run() -> None:
     assert stats.speedup_ci(spec, plain) == [pytest.approx(2.0), pytest.approx(2.0)]
 
 
-def _row(drafter: str, pid: str, accepted: list[int], category: str | None = None, lossless: bool = True):
+def _row(
+    drafter: str,
+    pid: str,
+    accepted: list[int],
+    category: str | None = None,
+    lossless: bool = True,
+    turn_kind: str = "default",
+):
     return {
         "drafter": drafter,
         "prompt_id": pid,
+        "turn_kind": turn_kind,
         "category": category,
         "accepted": accepted,
         "tokens": sum(a + 1 for a in accepted),
@@ -81,6 +89,69 @@ def test_report_has_the_keys_the_issue_names(tmp_path: Path) -> None:
     json.dumps(doc)  # plain JSON
     text = report.render_markdown(doc, [])
     assert "| oracle | 4.00 |" in text and "lossless" in report.headline(doc)
+
+
+def test_turn_kinds_training_steps_and_the_batch_setting_are_reported(tmp_path: Path) -> None:
+    rows = [
+        _row(name, pid, accepted, "chat", turn_kind=kind)
+        for kind, shift in (("non-thinking", 1), ("thinking", 0))
+        for pid in ("a", "b")
+        for name, accepted in (("trained", [shift + 1, shift]), ("untrained", [0, 0, 0]), ("oracle", [3]))
+    ]
+    steps = [
+        {"drafter": "trained@10", "step": 10, "prompt_id": p, "turn_kind": "non-thinking", "accepted": [0, 1]}
+        for p in ("a", "b")
+    ]
+    doc = report.build_report(
+        rows, block_size=4, settings={}, inputs={}, step_rows=steps, exported_step=20
+    )
+    assert doc["turn_kinds"] == ["non-thinking", "thinking"]
+    kinds = doc["drafters"]["trained"]["turn_kinds"]
+    assert kinds["non-thinking"]["acceptance_length"] == 2.5 and kinds["thinking"]["acceptance_length"] == 1.5
+    assert doc["drafters"]["untrained"]["turn_kinds"]["thinking"]["acceptance_length"] == 1.0
+    # The series: the earlier checkpoint, then the export on the same (first) turn kind.
+    points = doc["training_steps"]["points"]
+    assert [(p["step"], p["exported"], p["acceptance_length"]) for p in points] == [
+        (10, False, 1.5),
+        (20, True, 2.5),
+    ]
+    batch = doc["speedup"]["batch"]
+    assert batch["measured"] is False and "one request at a time" in batch["reason"]
+    text = report.render_markdown(doc, [])
+    assert "## Per kind of turn" in text and "| thinking | trained | 1.50 |" in text
+    assert "| 20 (exported) | 2.50 |" in text and "Batch setting: not measured" in text
+    files, _ = report.draw_plots(doc, tmp_path)
+    assert "acceptance_by_step.png" in {f.name for f in files}
+
+
+def test_without_earlier_checkpoints_the_step_series_says_why(tmp_path: Path) -> None:
+    doc = report.build_report([_row("trained", "a", [1])], block_size=4, settings={}, inputs={})
+    series = doc["training_steps"]
+    assert series["measured"] is False and "one checkpoint only" in series["reason"]
+    files, _ = report.draw_plots(doc, tmp_path)
+    assert "acceptance_by_step.png" not in {f.name for f in files}
+    assert "one checkpoint only" in report.render_markdown(doc, [])
+
+
+def test_turn_kinds_come_from_the_thinking_switch() -> None:
+    from regen.jobs._common import JobError
+    from regen.jobs.evaluate import turn_kinds
+
+    assert turn_kinds("{}", "", "") == {"default": {}}
+    assert turn_kinds('{"thinking": false}', "thinking", "") == {"non-thinking": {"thinking": False}}
+    assert turn_kinds('{"thinking": true, "x": 1}', "thinking", "non-thinking,thinking") == {
+        "non-thinking": {"thinking": False, "x": 1},
+        "thinking": {"thinking": True, "x": 1},
+    }
+    for kwargs, switch, kinds, message in (
+        ("[]", "thinking", "", "must be a JSON object"),
+        ("{oops", "thinking", "", "is not JSON"),
+        ("{}", "", "thinking", "needs --thinking-switch"),
+        ("{}", "thinking", "deep", "choose from thinking, non-thinking"),
+        ('{"reasoning_effort": "high"}', "reasoning_effort", "thinking", "true/false switch"),
+    ):
+        with pytest.raises(JobError, match=message):
+            turn_kinds(kwargs, switch, kinds)
 
 
 def test_one_differing_output_makes_the_report_not_lossless() -> None:
