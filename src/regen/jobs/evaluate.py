@@ -1,7 +1,8 @@
 """Evaluate a DFlash drafter: acceptance length, acceptance by position and speedup over plain decoding.
 
     python -m regen.jobs.evaluate --target-model DIR --checkpoint DRAFTER_DIR --prompts PATH \
-        --output-dir DIR [--max-prompts N] [--max-new-tokens N] [--seed S] [--force]
+        --output-dir DIR [--max-prompts N] [--max-new-tokens N] [--chat-template-kwargs JSON] \
+        [--thinking-switch NAME --turn-kinds thinking,non-thinking] [--training-steps N] [--seed S] [--force]
 
 Runs the CPU reference (`regen.evaluate.reference`: the target through transformers, the drafter through
 SpecForge's own DFlashDraftModel) on the same prompts with greedy decoding, for three drafters:
@@ -11,13 +12,16 @@ with plain greedy decoding of the same prompt (`lossless`).
 
 PROMPTS is a JSONL file (or a directory of `*.jsonl` shards, as the prompts stage writes) of
 `{"id", "conversations": [{"role", "content"}...], "category"?}` rows; the prompt is the conversation up to
-its first user turn, rendered with the target's chat template. A `category` (code/math/chat...) gives
-per-category figures.
+its first user turn, rendered with the target's chat template and --chat-template-kwargs (what the
+completions were generated with). A `category` (code/math/chat...) gives per-category figures; with
+--turn-kinds every prompt is evaluated as each kind of turn (the template's --thinking-switch on or off),
+with figures per kind. --training-steps N also evaluates the trained drafter at up to N earlier checkpoints
+of its training run (an export of the train stage names its run and step): acceptance against step.
 
-Output in DIR: `report.json`, `report.md`, PNG plots, `results.jsonl` (one line per drafter and prompt,
-so an interrupted run resumes where it stopped) and `status.json`. The report records a digest of its
-inputs (checkpoint, target, prompts, settings): a second run on the same inputs re-evaluates nothing and
-prints `"changed": false`. Exit codes: 0 done, 1 some speculative output differed from greedy decoding
+Output in DIR: `report.json`, `report.md`, PNG plots, `results.jsonl` (one line per drafter, prompt and
+turn kind, so an interrupted run resumes where it stopped) and `status.json`. The report records a digest
+of its inputs (checkpoint, target, prompts, settings): a second run on the same inputs re-evaluates nothing
+and prints `"changed": false`. Exit codes: 0 done, 1 some speculative output differed from greedy decoding
 (see report.md), 2 bad input.
 """
 
