@@ -202,6 +202,12 @@ def test_local_cpu_training_end_to_end(tmp_path: Path) -> None:
         f"regen_artifacts_dir={artifacts}",
         "-e",
         f"regen_model_path={model}",
+        # One epoch of 8 samples, a checkpoint every 2 steps: the steps and checkpoints this test follows
+        # (the local inventory sizes the demo's recipe for the evaluate stage instead).
+        "-e",
+        "drafter_training_epochs=1",
+        "-e",
+        "drafter_training_save_interval=2",
     ]
 
     # Every listener the trainer opens binds loopback, and the store is on the plan's port.
