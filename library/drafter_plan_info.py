@@ -142,7 +142,15 @@ options:
     description: SpecForge feature-loader workers (null keeps SpecForge's default).
     type: int
   online:
-    description: Online mode settings (server_urls, mooncake, control_dir, consumer_state_dir).
+    description:
+      - Online mode settings. C(manage) true (the default) plans the stack the train stage starts itself
+        (module_utils/regen_disagg.py) from C(bind_address), C(rpc_port), C(metadata_port) (the Mooncake
+        master on the first training host), C(protocol), C(capture_port), C(segment_bytes),
+        C(local_buffer_bytes) and C(addresses) (inventory host to address, for capture hosts other than
+        the training host). C(manage) false takes external services from C(server_urls) and C(mooncake)
+        (C(master_server_addr), C(metadata_server), C(local_hostname), C(protocol)).
+      - Either way the control and consumer-state directories are per attempt, under
+        C(<run dir>/online/attempt-<n>); a new attempt follows one that ended without success.
     type: dict
     default: {}
   extra_config:
@@ -241,8 +249,18 @@ run_config:
 training_topology:
   description:
     - C(mode) (offline, online or rolling), C(reason), C(arithmetic) (lines an operator can check),
-      C(rounds) and C(shard_samples) (rolling), C(capture_servers) and C(trainer_gpus) (online),
-      C(trainer_gpu_bytes).
+      C(rounds) and C(shard_samples) (rolling), C(capture_servers), C(trainer_gpus) and
+      C(trainer_gpu_ids) (online), C(trainer_gpu_bytes).
+  returned: success
+  type: dict
+online:
+  description:
+    - The online stack (empty unless the hidden states stream): C(manage), C(attempt), C(attempt_reason),
+      C(paths) (attempt directory, control and consumer-state directories), C(server_urls),
+      C(mooncake) (endpoints), C(capture_servers) (host, url, gpu_ids), C(capture_environment) (the
+      C(MOONCAKE_*) variables of a capture server), C(layers), C(context_length), C(sglang_args) (the
+      capture flags of the patched SGLang), C(runtime) (SpecForge's flow-control watermarks) with its
+      C(arithmetic), and C(trainer_gpu_ids) of this host.
   returned: success
   type: dict
 """
@@ -251,6 +269,20 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_disagg import (
+    DisaggPlanError,
+    attempt_numbers,
+    attempt_paths,
+    capture_context_length,
+    capture_environment,
+    capture_urls,
+    check_reachable,
+    choose_attempt,
+    mooncake_endpoints,
+    online_total_steps,
+    runtime_watermarks,
+    sglang_capture_args,
+)
 from ansible.module_utils.regen_drafter import (
     DrafterPlanError,
     config_digest,
@@ -278,6 +310,96 @@ def _free_bytes(path):
         probe = parent
     stat = os.statvfs(probe)
     return stat.f_bavail * stat.f_frsize
+
+
+def _attempt(module, run_dir, status_path):
+    """This launch's attempt number and why (regen_disagg.choose_attempt), from what is on disk."""
+    online_dir = os.path.join(run_dir, "online")
+    existing = attempt_numbers(os.listdir(online_dir)) if os.path.isdir(online_dir) else []
+    last_used = bool(existing) and os.path.exists(attempt_paths(run_dir, max(existing))["claim"])
+    try:
+        with open(status_path, encoding="utf-8") as handle:
+            status = json.load(handle)
+    except (OSError, ValueError):
+        status = {}
+    state = status.get("state")
+    alive = False
+    if state in ("starting", "running"):
+        if status.get("mode") == "systemd" and status.get("unit"):
+            rc, _, _ = module.run_command(["systemctl", "is-active", "--quiet", status["unit"]])
+            alive = rc == 0
+        elif status.get("pid"):
+            try:
+                os.kill(int(status["pid"]), 0)
+                alive = True
+            except (OSError, ValueError):
+                alive = False
+    return choose_attempt(existing, last_used, state, alive)
+
+
+def _online_stack(module, p, placement, states, config, run_dir, status_path, quantum):
+    """The online block of the result and the run config's online settings (module_utils/regen_disagg)."""
+    given = dict(p["online"])
+    # A free-form dict: a templated boolean may arrive as a string.
+    manage = str(given.get("manage", True)).lower() in ("true", "yes", "on", "1")
+    manage = manage and not given.get("server_urls")
+    attempt, reason = _attempt(module, run_dir, status_path)
+    paths = attempt_paths(run_dir, attempt)
+    layers = config["dflash_config"]["target_layer_ids"]
+    servers = placement.get("capture_servers") or []
+    if manage:
+        bind = given.get("bind_address") or "127.0.0.1"
+        check_reachable(p["hosts"], [s["host"] for s in servers], bind)
+        addresses = dict(given.get("addresses") or {})
+        for server in servers:
+            if len(set(p["hosts"]) | {server["host"]}) == 1:
+                addresses[server["host"]] = bind  # the trainer's own host: the stack's bind address
+        endpoints = mooncake_endpoints(
+            bind,
+            given.get("rpc_port", 50051),
+            given.get("metadata_port", 8080),
+            given.get("protocol") or "tcp",
+        )
+        urls = capture_urls(servers, addresses, given.get("capture_port", 30200))
+    else:
+        endpoints = dict(given.get("mooncake") or {})
+        urls = list(given.get("server_urls") or [])
+    segment = int(given.get("segment_bytes") or 1 << 30)
+    runtime, arithmetic = runtime_watermarks(
+        segment, max(1, len(urls)), p["max_length"], states["bytes_per_token"], quantum
+    )
+    gpu_ids = (placement.get("trainer_gpu_ids") or {}).get(p["host"])
+    block = {
+        "manage": manage,
+        "attempt": attempt,
+        "attempt_reason": reason,
+        "paths": paths,
+        "server_urls": urls,
+        "mooncake": endpoints,
+        "capture_servers": (
+            [dict(server, url=url) for server, url in zip(servers, urls, strict=True)]
+            if manage
+            else [{"host": None, "url": url, "gpu_ids": []} for url in urls]
+        ),
+        "capture_environment": (
+            capture_environment(endpoints, segment, int(given.get("local_buffer_bytes") or 64 << 20))
+            if endpoints.get("master_server_addr")
+            else {}
+        ),
+        "layers": layers,
+        "context_length": capture_context_length(p["max_length"]),
+        "sglang_args": sglang_capture_args(layers, p["max_length"]),
+        "runtime": runtime,
+        "runtime_arithmetic": arithmetic,
+        "trainer_gpu_ids": gpu_ids if gpu_ids else [],
+    }
+    settings = {
+        "server_urls": urls,
+        "mooncake": endpoints,
+        "control_dir": paths["control_dir"],
+        "consumer_state_dir": paths["consumer_state_dir"],
+    }
+    return block, settings
 
 
 def _training_topology(p, states, config):
@@ -399,14 +521,23 @@ def main():
             states = dict(states, mode="offline", reason=placement["reason"])
         elif placement["mode"] == "online":
             states = dict(states, mode="online", reason=placement["reason"])
-        topology = trainer_topology(p["hosts"], p["host"], p["gpus_per_host"], p["master_port"])
+        gpus_per_host = p["gpus_per_host"]
+        trainer_ids = (placement.get("trainer_gpu_ids") or {}).get(p["host"])
+        if placement["mode"] == "online" and trainer_ids:
+            # A capture server on this host holds its first GPUs: the trainer ranks get the others.
+            gpus_per_host = len(trainer_ids)
+        topology = trainer_topology(p["hosts"], p["host"], gpus_per_host, p["master_port"])
         world = topology["nnodes"] * topology["nproc_per_node"]
         steps = None
-        if p["samples"]:
+        if p["samples"] and placement["mode"] == "online":
+            steps = online_total_steps(
+                p["samples"], p["epochs"], world, p["batch_size"], p["accumulation_steps"], p["max_steps"]
+            )
+        elif p["samples"]:
             steps = total_steps(
                 p["samples"], p["batch_size"], world, p["accumulation_steps"], p["epochs"], p["max_steps"]
             )
-    except (DrafterPlanError, TopologyError) as exc:
+    except (DrafterPlanError, TopologyError, DisaggPlanError) as exc:
         module.fail_json(msg=str(exc))
     if placement["mode"] == "rolling":
         module.fail_json(
@@ -471,7 +602,19 @@ def main():
     }
     chat_template = p["chat_template"] or specforge_chat_template(p["facts"].get("architecture"))
     online = dict(p["online"])
-    online.setdefault("control_dir", os.path.join(run_dir, "control"))
+    online_block = {}
+    extra = p["extra_config"]
+    if states["mode"] == "online":
+        quantum = world * p["batch_size"] * p["accumulation_steps"]
+        try:
+            online_block, online = _online_stack(
+                module, p, placement, states, config, run_dir, paths["status"], quantum
+            )
+        except DisaggPlanError as exc:
+            module.fail_json(msg=str(exc), training_topology=placement)
+        paths["online"] = online_block["paths"]["dir"]
+        # SpecForge's flow control, under what the inventory merges in.
+        extra = dict(extra, runtime=dict(online_block["runtime"], **(extra.get("runtime") or {})))
     try:
         run_config = specforge_run_config(
             model_path=p["model_path"],
@@ -499,7 +642,7 @@ def main():
             report_to=p["report_to"],
             dataloader_num_workers=p["dataloader_num_workers"],
             online=online,
-            extra=p["extra_config"],
+            extra=extra,
         )
     except DrafterPlanError as exc:
         if not module.check_mode:
@@ -528,6 +671,7 @@ def main():
         run_config=run_config,
         sglang_args=sglang_args,
         training_topology=placement,
+        online=online_block,
     )
 
 

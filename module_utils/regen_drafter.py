@@ -565,7 +565,8 @@ def specforge_run_config(
         online = online or {}
         if not online.get("server_urls"):
             raise DrafterPlanError(
-                "online hidden states stream from an SGLang capture server that regen does not start: set "
+                "online hidden states stream from capture servers, and none is planned: let the train stage "
+                "start them (drafter_training_online_manage: true), or name running ones in "
                 "drafter_training_online_server_urls (and drafter_training_online_mooncake), or train offline"
             )
         deployment = {
@@ -576,7 +577,8 @@ def specforge_run_config(
                     "control_dir": online.get("control_dir") or output_dir + "/control",
                     "backend": "mooncake",
                     "server_urls": list(online["server_urls"]),
-                    "consumer_state_dir": online.get("consumer_state_dir") if trainer["nnodes"] > 1 else None,
+                    # The consumer's SQLite ledger and rank inboxes: node-local, one per attempt.
+                    "consumer_state_dir": online.get("consumer_state_dir"),
                     "mooncake_master_server_addr": (online.get("mooncake") or {}).get("master_server_addr"),
                     "mooncake_metadata_server": (online.get("mooncake") or {}).get("metadata_server"),
                     "mooncake_local_hostname": (online.get("mooncake") or {}).get("local_hostname"),

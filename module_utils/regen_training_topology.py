@@ -8,7 +8,10 @@ tests call them directly). Every choice carries its arithmetic, so an operator c
 - **online** (SpecForge 0.2.0's `deployment.mode: disaggregated`): a capture server runs the target in
   SGLang with SpecForge's spec-capture patch and the trainer ranks consume its hidden states over Mooncake,
   so nothing is written to disk. Needs GPUs for both at once: a capture server's GPUs (the serving plan's
-  layout for the target) and trainer GPUs that are not those.
+  layout for the target) and trainer GPUs that are not those. On a shared host the capture server takes
+  the first GPUs and the trainer the rest (SpecForge's one-server + DP7 layout on 8 GPUs). On hosts without
+  GPUs (the CPU demo) the capture server is regen's transformers one on the first training host, beside
+  the trainer.
 - **rolling** offline: one host whose GPUs cannot hold the target and the trainer at the same time (CT200:
   the target needs all eight). Serve the target, capture one shard that fits the disk budget, stop it,
   train on the shard (resuming the same run), delete the shard, repeat until the data is used.
@@ -169,14 +172,41 @@ def plan_topology(
         }
 
     def online_plan(reason):
-        servers = [{"host": name, "gpus": gpus} for name, gpus, _ in capture_free]
+        # The capture server takes a host's first GPUs; a training host it shares keeps the rest.
+        servers = [
+            {"host": name, "gpus": gpus, "gpu_ids": list(range(gpus))} for name, gpus, _ in capture_free
+        ]
+        taken = {name: gpus for name, gpus, _ in capture_free}
+        trainer_ids = {
+            h["name"]: list(range(taken.get(h["name"], 0), int(h.get("gpus") or 0))) for h in train_hosts
+        }
         return {
             "mode": "online",
             "reason": reason,
             "arithmetic": [*lines, online_math],
             "capture_servers": servers,
             "trainer_gpus": online_trainer_gpus,
+            "trainer_gpu_ids": trainer_ids,
             "trainer_gpu_bytes": online_need,
+        }
+
+    def cpu_online_plan(reason):
+        # No GPUs anywhere: one capture server (regen's transformers backend) on the first training host
+        # that may capture, else the first capture host; the trainer runs one CPU process per host.
+        names = [h["name"] for h in capture_hosts]
+        host = next((n for n in train_names if n in names), names[0] if names else train_names[0])
+        return {
+            "mode": "online",
+            "reason": reason,
+            "arithmetic": [
+                *lines,
+                f"no GPUs: the capture server runs the target on {host}'s CPU beside the trainer "
+                "(transformers forward), one trainer process per host",
+            ],
+            "capture_servers": [{"host": host, "gpus": 0, "gpu_ids": []}],
+            "trainer_gpus": 0,
+            "trainer_gpu_ids": {name: [] for name in train_names},
+            "trainer_gpu_bytes": None,
         }
 
     def rolling_plan(reason):
@@ -211,6 +241,10 @@ def plan_topology(
             )
         return offline_plan("offline requested in inventory (drafter_training_topology)")
     if requested == "online":
+        if not need:
+            return cpu_online_plan(
+                "online requested in inventory (drafter_training_topology) on hosts without GPUs"
+            )
         if not capture_free:
             raise TopologyError(
                 f"online capture needs a capture server of {need} GPU(s) on GPUs the trainer does not use; "
@@ -235,6 +269,11 @@ def plan_topology(
             f"online: the hidden states ({_gib(offline_bytes)}) exceed the disk budget, and a capture server "
             f"fits beside the trainer: {where} serve the target, {online_trainer_gpus} trainer GPU(s) "
             f"need {_gib(online_need)} each"
+        )
+    if not need:
+        return cpu_online_plan(
+            f"online: the hidden states ({_gib(offline_bytes)}) exceed the disk budget ({_gib(budget or 0)}) "
+            "and there are no GPUs: the target streams them from a CPU capture server"
         )
     if target_fits_a_host and _fits_trainer(single_need, gpu_memory):
         blocked = (

@@ -1,0 +1,178 @@
+"""Host-side helpers of the online (disaggregated) train stage: the prompt file and the preflight.
+
+    python -m regen.training.disagg prompts --data TOKENIZED --output PROMPTS.jsonl --max-length N
+        [--max-samples N]
+    python -m regen.training.disagg preflight --url URL [--url URL ...] [--mooncake-master HOST:PORT]
+        [--mooncake-metadata URL] [--timeout SECONDS]
+
+`prompts` writes what SpecForge 0.2.0's online producer reads as `data.prompts_path` (pre-tokenized JSONL,
+one `{"input_ids", "loss_mask"}` per line: `specforge.data.prompt_builder` takes a file whose first record
+has both as already tokenized): the same samples, cut to the same length and filtered the same way as
+offline capture (`regen.training.capture.select`), so an online and an offline run of the same data see
+the same samples. Written atomically with a manifest of their digest beside it; an unchanged set is not
+rewritten (`changed: false`).
+
+`preflight` checks, before SpecForge starts, what SpecForge itself would only find out later: every capture
+server answers `GET /health` (SpecForge's producer never asks: a server that is down costs a lease's
+retries), and the Mooncake master accepts on its RPC port and its metadata server answers. It waits up to
+`--timeout` seconds for each and fails with what is wrong and how to fix it.
+
+Every command prints one JSON object; exit 0 done, 1 a preflight check failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from regen.fsio import AtomicFile, atomic_write_json
+from regen.training.capture import CaptureError, Fingerprint, select
+
+MANIFEST_SUFFIX = ".manifest.json"
+
+
+def write_prompts(data: str, output: str, max_length: int, max_samples: int | None) -> dict[str, Any]:
+    """The online prompt file (see the module docstring); unchanged data leaves it untouched."""
+    fingerprint = Fingerprint()
+    rows: list[tuple[list[int], list[int]]] = []
+    dropped = 0
+    for index, ids, mask in select(data, max_length, max_samples):
+        if not ids:
+            dropped += 1
+            continue
+        fingerprint.add(index, ids, mask)
+        rows.append((ids, mask))
+    if not rows:
+        raise CaptureError(
+            f"no sample under {data} has two consecutive supervised tokens within {max_length} tokens"
+        )
+    manifest = {
+        "samples": len(rows),
+        "tokens": sum(len(ids) for ids, _ in rows),
+        "dropped": dropped,
+        "max_length": max_length,
+        "fingerprint": fingerprint.hexdigest(),
+        "format": "specforge pre-tokenized prompts (input_ids, loss_mask)",
+    }
+    path = Path(output)
+    manifest_path = Path(output + MANIFEST_SUFFIX)
+    try:
+        old = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = None
+    if old == manifest and path.is_file():
+        return {"changed": False, "path": str(path), **manifest}
+    with AtomicFile(path) as out:
+        for ids, mask in rows:
+            out.file.write((json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n").encode())
+    atomic_write_json(manifest_path, manifest)
+    return {"changed": True, "path": str(path), **manifest}
+
+
+def _get(url: str, timeout: float) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read(512).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(512).decode(errors="replace")
+
+
+def _until(check, timeout: float) -> tuple[bool, str]:
+    """Poll `check` (returns (ok, detail)) until it passes or `timeout` seconds have gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok, detail = check()
+        if ok or time.monotonic() >= deadline:
+            return ok, detail
+        time.sleep(0.5)
+
+
+def check_capture_server(url: str) -> tuple[bool, str]:
+    try:
+        status, body = _get(url.rstrip("/") + "/health", 5)
+    except (OSError, urllib.error.URLError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, f"{url} does not answer ({reason})"
+    if status == 200:
+        return True, f"{url} is up"
+    return False, f"{url}/health answers HTTP {status}: {body.strip()[:200]}"
+
+
+def check_mooncake(master: str, metadata: str) -> tuple[bool, str]:
+    host, _, port = master.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+            pass
+    except (OSError, ValueError) as exc:
+        return False, f"the Mooncake master at {master} does not accept connections ({exc})"
+    try:
+        status, body = _get(metadata + "?key=regen-preflight-probe", 5)
+    except (OSError, urllib.error.URLError) as exc:
+        return (
+            False,
+            f"the Mooncake metadata server at {metadata} does not answer ({getattr(exc, 'reason', exc)})",
+        )
+    # Mooncake's metadata server answers an unknown key with 404 "metadata not found".
+    if status == 404 or status == 200:
+        return True, f"Mooncake master {master} and metadata server {metadata} are up"
+    return False, f"{metadata} answers HTTP {status} ({body.strip()[:200]}): not a Mooncake metadata server?"
+
+
+def preflight(urls: list[str], master: str | None, metadata: str | None, timeout: float) -> dict[str, Any]:
+    checks = []
+    if master and metadata:
+        ok, detail = _until(lambda: check_mooncake(master, metadata), timeout)
+        checks.append({"what": "mooncake", "ok": ok, "detail": detail})
+    for url in urls:
+        ok, detail = _until(lambda url=url: check_capture_server(url), timeout)
+        checks.append({"what": "capture server", "url": url, "ok": ok, "detail": detail})
+    failed = [c for c in checks if not c["ok"]]
+    result: dict[str, Any] = {"ok": not failed, "checks": checks}
+    if failed:
+        result["msg"] = (
+            "; ".join(c["detail"] for c in failed)
+            + ". The online producer needs every capture server and the Mooncake master before it starts: "
+            "start them (the train stage does when drafter_training_online_manage is true; its log is in the "
+            "capture server's state directory) or fix drafter_training_online_server_urls / "
+            "drafter_training_online_mooncake"
+        )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m regen.training.disagg", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    prompts = sub.add_parser("prompts", help="write SpecForge's online prompt file from the tokenized data")
+    prompts.add_argument("--data", required=True)
+    prompts.add_argument("--output", required=True)
+    prompts.add_argument("--max-length", type=int, required=True)
+    prompts.add_argument("--max-samples", type=int, default=None)
+    check = sub.add_parser("preflight", help="check the capture servers and Mooncake answer")
+    check.add_argument("--url", action="append", default=[], help="a capture server URL")
+    check.add_argument("--mooncake-master", default=None, help="HOST:PORT of the master's RPC")
+    check.add_argument("--mooncake-metadata", default=None, help="the HTTP metadata server URL")
+    check.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "prompts":
+            result = write_prompts(args.data, args.output, args.max_length, args.max_samples)
+        else:
+            result = preflight(args.url, args.mooncake_master, args.mooncake_metadata, args.timeout)
+    except CaptureError as exc:
+        print(json.dumps({"failed": True, "msg": str(exc)}))
+        return 2
+    print(json.dumps(result, sort_keys=True))
+    return 0 if result.get("ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
