@@ -23,24 +23,15 @@ from ansible.module_utils import regen_drafter as d
 from ansible.module_utils.regen_families import FAMILIES
 from ansible.module_utils.regen_plan import dflash_target_layer_ids
 
-from tests.helpers.evaluate_venv import layered_venv
+from tests.helpers.specforge_venv import PINS, specforge_python
 
 FIXTURES = ROOT / "tests" / "fixtures" / "drafter"
-# SpecForge 0.2.0 and the transformers it pins; the other three are what that transformers release needs
-# beyond the project venv (pip's resolution, pinned so the venv is the same everywhere).
-PINS = [
-    "specforge==0.2.0",
-    "transformers==5.8.1",
-    "huggingface-hub==1.33.0",
-    "tokenizers==0.22.2",
-    "httpx==0.29.0",
-    "httpcore==1.0.9",
-]
-VENV = Path(os.environ.get("REGEN_SPECFORGE_VENV", ROOT / ".cache" / "specforge-0.2.0-venv"))
+# The venv and its pins live in tests/helpers/specforge_venv.py (shared with the online-training tests).
+assert PINS[0] == "specforge==0.2.0"
 
 
 def _venv_python() -> Path:
-    return layered_venv(VENV, PINS)
+    return specforge_python()
 
 
 DRIVER = r"""

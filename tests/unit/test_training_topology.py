@@ -87,7 +87,8 @@ def test_a_capture_host_beside_a_trainer_host_trains_online() -> None:
         max_length=4096,
     )
     assert plan["mode"] == "online", plan
-    assert plan["capture_servers"] == [{"host": "capture1", "gpus": 8}] and plan["trainer_gpus"] == 8
+    assert plan["capture_servers"] == [{"host": "capture1", "gpus": 8, "gpu_ids": list(range(8))}]
+    assert plan["trainer_gpus"] == 8 and plan["trainer_gpu_ids"] == {"train1": list(range(8))}
     assert "a capture server fits beside the trainer" in plan["reason"]
 
 

@@ -177,6 +177,37 @@ def mooncake_settings(env: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def probe_mooncake(settings: dict[str, Any], wait_s: float) -> str | None:
+    """None when the master's RPC port accepts and its metadata server answers HTTP within `wait_s` seconds,
+    else what does not answer. Mooncake's own setup() retries an unreachable master for about 90 s before
+    it gives up; this says so in a second."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    host, _, port = settings["master_server_addr"].rpartition(":")
+    deadline = time.monotonic() + wait_s
+    while True:
+        problem = None
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                pass
+        except (OSError, ValueError) as exc:
+            problem = (
+                f"the Mooncake master at {settings['master_server_addr']} does not accept connections ({exc})"
+            )
+        if problem is None:
+            try:
+                urllib.request.urlopen(settings["metadata_server"] + "?key=regen-capture-probe", timeout=2)
+            except urllib.error.HTTPError:
+                pass  # any HTTP answer (Mooncake's is 404 for an unknown key) means it is there
+            except OSError as exc:
+                problem = f"the metadata server at {settings['metadata_server']} does not answer ({exc})"
+        if problem is None or time.monotonic() >= deadline:
+            return problem
+        time.sleep(0.5)
+
+
 class MooncakeSink:
     """Puts tensors into Mooncake as hard-pinned raw buffers (the patch's SpecCaptureSink contract)."""
 
@@ -384,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--max-length", type=int, default=None, help="longest prompt accepted, in tokens")
     parser.add_argument("--no-trust-remote-code", action="store_true")
+    parser.add_argument(
+        "--mooncake-wait", type=float, default=30.0, help="seconds to wait for the Mooncake master to answer"
+    )
     args = parser.parse_args(argv)
     try:
         layers = [int(x) for x in args.layers.split(",") if x.strip()]
@@ -423,6 +457,10 @@ def _run(args: argparse.Namespace, layers: list[int], holder: dict[str, Any], st
     except CaptureRequestError as exc:
         _log(str(exc))
         return EXIT_BAD_ARGS
+    problem = probe_mooncake(settings, args.mooncake_wait)
+    if problem:
+        _log(f"cannot connect to Mooncake: {problem}; start the master first (role mooncake_master)")
+        return EXIT_MOONCAKE
     try:
         sink = MooncakeSink(settings)
     except ImportError as exc:
