@@ -39,7 +39,7 @@ from regen.training.status import (
 )
 
 # Keys a `start` writes that the supervisor keeps when it takes over the status document.
-_LAUNCH_KEYS = ("mode", "unit", "launched_at", "command", "log", "resume_from", "run_id")
+_LAUNCH_KEYS = ("mode", "unit", "launched_at", "command", "log", "resume_from", "run_id", "attempt")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 

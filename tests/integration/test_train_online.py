@@ -1,0 +1,192 @@
+"""The train stage's online (disaggregated) path on the embedded default, end to end on the CPU.
+
+Real parts: playbooks/train.yml on localhost with the topology forced online
+(`drafter_training_topology=online`); the mooncake_master role runs the real Mooncake master and metadata
+server on loopback; the capture_server role runs regen's transformers capture server on the demo model;
+`specforge train` (SpecForge 0.2.0) runs its own supervisor, whose producer sends the prompts to the capture
+server through SpecForge's SGLangServerCaptureAdapter and whose consumer (gloo, one CPU rank) fetches the
+features from Mooncake over TCP and takes real optimizer steps; the stage exports the drafter and stops
+the capture server and the Mooncake master. Then: a second run changes nothing; after an attempt that
+ended failed, the plan (shown in check mode, which starts nothing) moves to attempt 2 in fresh directories
+(SpecForge does not resume an online producer).
+
+Each test has its own work directory; the training venv (SpecForge layered on the project venv) and the
+Mooncake venv are built once and shared.
+
+Refusals, each with its cause and the variable to change: a Mooncake port held by another process; capture
+servers named in inventory that do not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers.ansible import run_playbook
+from tests.helpers.mooncake import free_ports, mooncake_venv
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_CACHE = ROOT / ".cache" / "demo-models"
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model, its facts and eight tokenized samples, shared by the module's runs."""
+    sys.path.insert(0, str(ROOT))
+    from tests.integration.test_train_stage import _facts, _tokenized
+
+    base = tmp_path_factory.mktemp("online")
+    model = base / "models" / "demo"
+    subprocess.run(
+        [sys.executable, "-m", "regen.demo.build", "--output", str(model), "--cache-dir", str(DEMO_CACHE)],
+        check=True,
+        capture_output=True,
+    )
+    config = json.loads((model / "config.json").read_text())
+    (base / "model_facts.json").write_text(json.dumps(_facts(model, config, 3845, 0)))
+    _tokenized(model, base / "tokenized", 8)
+    mooncake_venv(base)
+    return base
+
+
+def _args(data: Path, work: Path, *extra: str) -> list[str]:
+    """A run in `work` on the shared data, on free loopback ports."""
+    artifacts = work / "artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    if not (artifacts / "model_facts.json").exists():
+        (artifacts / "model_facts.json").write_text((data / "model_facts.json").read_text())
+    rpc, metadata, metrics, capture, master = free_ports(5)
+    pairs = {
+        "regen_work_dir": work / "work",
+        "regen_artifacts_dir": artifacts,
+        "regen_model_path": data / "models" / "demo",
+        "regen_training_venv": data / "venvs" / "training",
+        "drafter_training_data_dir": data / "tokenized",
+        "drafter_training_epochs": 1,
+        "drafter_training_save_interval": 2,
+        "drafter_training_topology": "online",
+        "drafter_training_online_mooncake_venv": ROOT / ".cache" / "test-mooncake" / "venvs" / "mooncake",
+        "drafter_training_online_mooncake_rpc_port": rpc,
+        "drafter_training_online_mooncake_metadata_port": metadata,
+        "drafter_training_online_mooncake_metrics_port": metrics,
+        "drafter_training_online_capture_port": capture,
+        "drafter_training_master_port": master,
+    }
+    out = []
+    for key, value in pairs.items():
+        out += ["-e", f"{key}={value}"]
+    return out + list(extra)
+
+
+def _play(*args: str) -> tuple[int, str, dict]:
+    run = run_playbook("playbooks/train.yml", *args, inventory="inventory/local", timeout=900)
+    return run.returncode, run.output, run.recap.get("localhost", {})
+
+
+def _stack_processes(work: Path) -> list[str]:
+    """Capture servers and Mooncake masters still running for this work directory."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if str(work) in line and ("regen.training.capture_server" in line or "mooncake" in line):
+            found.append(line)
+    return found
+
+
+def test_online_training_runs_end_to_end_on_the_cpu(demo_data: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    args = _args(demo_data, tmp_path)
+    code, output, counts = _play(*args)
+    assert code == 0, output[-8000:]
+    flat = re.sub(r"\s+", " ", output)
+    assert "attempt 1: first attempt" in flat
+    assert "TASK [capture_server : Wait for GET http://127.0.0.1:" in output
+    (run_dir,) = (work / "drafter" / "runs").iterdir()
+    state = json.loads((run_dir / "status.json").read_text())
+    assert state["state"] == "succeeded" and state["done"] == state["total"] == 8, state
+    log = (run_dir / "train.log").read_text()
+    # SpecForge's own producer streamed every prompt through the capture server; its consumer trained.
+    assert "drive_producer returning produced=8 prompts_failed=0" in log
+    assert len(re.findall(r"^step \d+: \{'acc'", log, flags=re.M)) == 8
+    control = run_dir / "online" / "attempt-1" / "control"
+    assert (control / "refs.jsonl.consumer_done").exists() and (control / "refs.jsonl.closed").exists()
+    assert (run_dir / "online" / "attempt-1" / "consumer-state" / "consumer.sqlite").exists()
+    capture_log = (work / "drafter" / "capture" / "capture.log").read_text()
+    assert "captured 8/8 prompts" in capture_log and "stopping after 8 captures" in capture_log
+    exported = json.loads((run_dir / "export" / "config.json").read_text())
+    assert exported["architectures"] == ["DFlashDraftModel"]
+    run_config = (run_dir / "run.yaml").read_text()
+    assert "mode: disaggregated" in run_config and "online/attempt-1/control" in run_config
+    # The run ended, so the stack is down.
+    assert not _stack_processes(work), _stack_processes(work)
+
+    # Nothing changes on a second run.
+    code, again, counts = _play(*args)
+    assert code == 0, again[-8000:]
+    blocks = re.split(r"^(?=TASK \[)", again, flags=re.M)
+    changed = [b.splitlines()[0] for b in blocks if b.startswith("TASK") and "\nchanged:" in b]
+    assert counts["changed"] == 0, changed
+
+    # An attempt that ended failed is not resumed: the next play plans attempt 2 in fresh directories.
+    # Check mode shows the plan, the new run.yaml and the launch, starts nothing, and (as for any failed
+    # run) reports the failure it finds.
+    assert state["attempt"] == 1
+    (run_dir / "status.json").write_text(json.dumps(dict(state, state="failed", exit_code=1)))
+    code, output, counts = _play(*args, "--check", "--diff")
+    flat = re.sub(r"\s+", " ", output)
+    assert "attempt 2: attempt 1 ended failed" in flat, output[-8000:]
+    assert "+    control_dir: " in output and "online/attempt-2/control" in output
+    assert "TASK [drafter_training : Show the launch command (check mode)]" in output
+    assert "Re-running the play starts the next online attempt from the first prompt" in flat
+    assert not (run_dir / "online" / "attempt-2").exists() and not _stack_processes(work)
+
+
+def test_refusals_name_the_cause_and_the_variable(demo_data: Path, tmp_path: Path) -> None:
+    # A Mooncake port held by another process: the role names the owner, the stage its own variable.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, output, _ = _play(
+            *_args(demo_data, tmp_path, "-e", f"drafter_training_online_mooncake_rpc_port={port}")
+        )
+    flat = re.sub(r"\s+", " ", output)
+    assert code != 0
+    assert f"port {port} on 127.0.0.1 (RPC port of the Mooncake master) is already in use by pid" in flat
+    assert "drafter_training_online_mooncake_rpc_port" in flat
+
+    # Capture servers and a Mooncake master named in inventory that do not answer: refused before SpecForge.
+    dead, rpc, metadata = free_ports(3)
+    mooncake = {
+        "master_server_addr": f"127.0.0.1:{rpc}",
+        "metadata_server": f"http://127.0.0.1:{metadata}/metadata",
+        "local_hostname": "127.0.0.1",
+        "protocol": "tcp",
+    }
+    code, output, _ = _play(
+        *_args(
+            demo_data,
+            tmp_path,
+            "-e",
+            json.dumps({"drafter_training_online_server_urls": [f"http://127.0.0.1:{dead}"]}),
+            "-e",
+            json.dumps({"drafter_training_online_mooncake": mooncake}),
+            "-e",
+            "drafter_training_online_preflight_timeout_s=1",
+        )
+    )
+    flat = re.sub(r"\s+", " ", output)
+    assert code != 0
+    assert f"the Mooncake master at 127.0.0.1:{rpc} does not accept connections" in flat
+    assert f"http://127.0.0.1:{dead} does not answer" in flat
+    assert "drafter_training_online_server_urls" in flat
+    assert "TASK [drafter_training : Start SpecForge's producer and consumer]" not in output
