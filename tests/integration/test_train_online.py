@@ -109,7 +109,7 @@ def test_online_training_runs_end_to_end_on_the_cpu(demo_data: Path, tmp_path: P
     assert code == 0, output[-8000:]
     flat = re.sub(r"\s+", " ", output)
     assert "attempt 1: first attempt" in flat
-    assert "TASK [capture_server : Wait for GET http://127.0.0.1:" in output
+    assert "TASK [capture_server : Wait until GET /health answers http://127.0.0.1:" in output
     (run_dir,) = (work / "drafter" / "runs").iterdir()
     state = json.loads((run_dir / "status.json").read_text())
     assert state["state"] == "succeeded" and state["done"] == state["total"] == 8, state
