@@ -257,8 +257,8 @@ online:
   description:
     - The online stack (empty unless the hidden states stream): C(manage), C(attempt), C(attempt_reason),
       C(paths) (attempt directory, control and consumer-state directories), C(server_urls),
-      C(mooncake) (endpoints), C(capture_servers) (host, url, gpu_ids), C(capture_environment) (the
-      C(MOONCAKE_*) variables of a capture server), C(layers), C(context_length), C(sglang_args) (the
+      C(mooncake) (endpoints), C(capture_servers) (host, url, gpu_ids and the C(MOONCAKE_*) C(environment)
+      of each), C(layers), C(context_length), C(sglang_args) (the
       capture flags of the patched SGLang), C(runtime) (SpecForge's flow-control watermarks) with its
       C(arithmetic), and C(trainer_gpu_ids) of this host.
   returned: success
@@ -347,10 +347,11 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
     paths = attempt_paths(run_dir, attempt)
     layers = config["dflash_config"]["target_layer_ids"]
     servers = placement.get("capture_servers") or []
+    bind = given.get("bind_address") or "127.0.0.1"
+    addresses = {}
     if manage:
-        bind = given.get("bind_address") or "127.0.0.1"
         check_reachable(p["hosts"], [s["host"] for s in servers], bind)
-        addresses = dict(given.get("addresses") or {})
+        addresses.update(given.get("addresses") or {})
         for server in servers:
             if len(set(p["hosts"]) | {server["host"]}) == 1:
                 addresses[server["host"]] = bind  # the trainer's own host: the stack's bind address
@@ -376,15 +377,23 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
         "paths": paths,
         "server_urls": urls,
         "mooncake": endpoints,
+        # Each managed server's MOONCAKE_* environment: its segment is on its own host's address.
         "capture_servers": (
-            [dict(server, url=url) for server, url in zip(servers, urls, strict=True)]
+            [
+                dict(
+                    server,
+                    url=url,
+                    environment=capture_environment(
+                        endpoints,
+                        segment,
+                        int(given.get("local_buffer_bytes") or 64 << 20),
+                        addresses.get(server["host"], bind),
+                    ),
+                )
+                for server, url in zip(servers, urls, strict=True)
+            ]
             if manage
-            else [{"host": None, "url": url, "gpu_ids": []} for url in urls]
-        ),
-        "capture_environment": (
-            capture_environment(endpoints, segment, int(given.get("local_buffer_bytes") or 64 << 20))
-            if endpoints.get("master_server_addr")
-            else {}
+            else [{"host": None, "url": url, "gpu_ids": [], "environment": {}} for url in urls]
         ),
         "layers": layers,
         "context_length": capture_context_length(p["max_length"]),

@@ -132,12 +132,15 @@ def check_reachable(train_hosts, capture_hosts, bind_address):
         )
 
 
-def capture_environment(endpoints, segment_bytes, local_buffer_bytes):
-    """The MOONCAKE_* variables a capture server reads (the patch's SpecCaptureSink and regen's server)."""
+def capture_environment(endpoints, segment_bytes, local_buffer_bytes, local_hostname):
+    """The MOONCAKE_* variables a capture server reads (the patch's SpecCaptureSink and regen's server).
+
+    `local_hostname` is the capture host's own address: its segment holds the features, and the trainer's
+    transfer engine connects there to read them (the master's address is the training host's)."""
     return {
         "MOONCAKE_MASTER_SERVER_ADDR": endpoints["master_server_addr"],
         "MOONCAKE_METADATA_SERVER": endpoints["metadata_server"],
-        "MOONCAKE_LOCAL_HOSTNAME": endpoints["local_hostname"],
+        "MOONCAKE_LOCAL_HOSTNAME": local_hostname,
         "MOONCAKE_PROTOCOL": endpoints["protocol"],
         "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(int(segment_bytes)),
         "MOONCAKE_LOCAL_BUFFER_SIZE": str(int(local_buffer_bytes)),

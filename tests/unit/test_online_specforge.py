@@ -94,7 +94,10 @@ def test_kimi_online_config_passes_specforges_loader_and_plan(tmp_path: Path, ca
     online = plan["online"]
     run_dir = plan["paths"]["run_dir"]
     assert online["attempt"] == 1 and online["server_urls"] == ["http://10.1.2.202:30200"]
-    assert online["capture_environment"]["MOONCAKE_MASTER_SERVER_ADDR"] == "10.1.2.201:50051"
+    (server,) = online["capture_servers"]
+    assert server["environment"]["MOONCAKE_MASTER_SERVER_ADDR"] == "10.1.2.201:50051"
+    # The capture server's segment is on its own host, where the trainer's transfer engine reads it.
+    assert server["environment"]["MOONCAKE_LOCAL_HOSTNAME"] == "10.1.2.202"
     # Only whole optimizer windows: 100,000 prompts over 8 trainer ranks.
     assert plan["total_steps"] == 12_500 and plan["topology"]["nproc_per_node"] == 8
     config = plan["run_config"]
