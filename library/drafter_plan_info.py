@@ -255,12 +255,12 @@ training_topology:
   type: dict
 online:
   description:
-    - The online stack (empty unless the hidden states stream): C(manage), C(attempt), C(attempt_reason),
+    - The online stack, empty unless the hidden states stream. C(manage), C(attempt), C(attempt_reason),
       C(paths) (attempt directory, control and consumer-state directories), C(server_urls),
       C(mooncake) (endpoints), C(capture_servers) (host, url, gpu_ids and the C(MOONCAKE_*) C(environment)
-      of each), C(layers), C(context_length), C(sglang_args) (the
-      capture flags of the patched SGLang), C(runtime) (SpecForge's flow-control watermarks) with its
-      C(arithmetic), and C(trainer_gpu_ids) of this host.
+      of each), C(layers), C(context_length), C(sglang_args) (the capture flags of the patched SGLang),
+      C(runtime) (SpecForge's flow-control watermarks) with its C(runtime_arithmetic), and
+      C(trainer_gpu_ids) of this host.
   returned: success
   type: dict
 """
