@@ -15,6 +15,10 @@ Mooncake venv are built once and shared.
 
 Refusals, each with its cause and the variable to change: a Mooncake port held by another process; capture
 servers named in inventory that do not answer.
+
+On GPUs, in check mode (nothing connects to the example's host): the CT200 example inventory with a
+Qwen3-8B target plans SpecForge's one-server + DP7 layout: the SGLang capture server on GPU 0 with
+SpecForge's capture flags, seven trainer ranks on GPUs 1-7.
 """
 
 from __future__ import annotations
@@ -34,8 +38,6 @@ from tests.helpers.mooncake import free_ports, mooncake_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CACHE = ROOT / ".cache" / "demo-models"
-
-pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +104,7 @@ def _stack_processes(work: Path) -> list[str]:
     return found
 
 
+@pytest.mark.e2e
 def test_online_training_runs_end_to_end_on_the_cpu(demo_data: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     args = _args(demo_data, tmp_path)
@@ -150,6 +153,7 @@ def test_online_training_runs_end_to_end_on_the_cpu(demo_data: Path, tmp_path: P
     assert not (run_dir / "online" / "attempt-2").exists() and not _stack_processes(work)
 
 
+@pytest.mark.e2e
 def test_refusals_name_the_cause_and_the_variable(demo_data: Path, tmp_path: Path) -> None:
     # A Mooncake port held by another process: the role names the owner, the stage its own variable.
     with socket.socket() as holder:
@@ -190,3 +194,56 @@ def test_refusals_name_the_cause_and_the_variable(demo_data: Path, tmp_path: Pat
     assert f"http://127.0.0.1:{dead} does not answer" in flat
     assert "drafter_training_online_server_urls" in flat
     assert "TASK [drafter_training : Start SpecForge's producer and consumer]" not in output
+
+
+def test_one_server_beside_a_dp7_trainer_in_check_mode(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from tests.integration.test_train_stage import _facts
+
+    model = tmp_path / "models" / "Qwen3-8B"
+    model.mkdir(parents=True)
+    config = json.loads((ROOT / "tests" / "fixtures" / "configs" / "qwen3-8b" / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config))
+    facts = _facts(model, config, 151669, 8)
+    facts["environment"]["gpu"]["memory_per_gpu_bytes"] = 97887 * 1024 * 1024
+    (tmp_path / "model_facts.json").write_text(json.dumps(facts))
+    run = run_playbook(
+        "playbooks/train.yml",
+        "--check",
+        "--diff",
+        "-e",
+        "ansible_connection=local",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+        "-e",
+        f"regen_job_python={sys.executable}",
+        "-e",
+        f"regen_artifacts_dir={tmp_path}",
+        "-e",
+        f"regen_model_path={model}",
+        "-e",
+        f"regen_work_dir={tmp_path / 'work'}",
+        "-e",
+        "drafter_training_topology=online",
+        inventory="inventory/production.example",
+        timeout=600,
+    )
+    assert run.returncode == 0, run.output[-6000:]
+    flat = re.sub(r"\s+", " ", run.output)
+    assert "capture servers: http://127.0.0.1:30200 (target layers 1, 9, 17, 25, 33, context 6159)" in flat
+    assert (
+        "/root/venv_specforge/bin/python -m sglang.launch_server --model-path "
+        + str(model)
+        + " --trust-remote-code "
+        "--tp-size 1"
+    ) in flat
+    assert (
+        "--skip-tokenizer-init --chunked-prefill-size -1 --disable-radix-cache --enable-spec-capture "
+        "--spec-capture-method dflash --spec-capture-aux-layer-ids 1 9 17 25 33"
+    ) in flat
+    assert (
+        "--env CUDA_VISIBLE_DEVICES=1,2,3,4,5,6,7 -- /root/venv_specforge/bin/python -m specforge.cli train"
+        in flat
+    )
+    assert "+    nproc_per_node: 7" in run.output and "+  resident_high_watermark_bytes: " in run.output
+    assert "10.1.2.200" not in run.output
