@@ -9,6 +9,7 @@ for checking configs: the reference runs with the transformers the pipeline real
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -24,7 +25,15 @@ VENV = Path(os.environ.get("REGEN_EVALUATE_VENV", ROOT / ".cache" / "specforge-0
 
 def layered_venv(venv: Path, pins: list[str]) -> Path:
     """The python of a venv at `venv` that sees this interpreter's site-packages (a .pth file) plus `pins`
-    installed with --no-deps; rebuilt only when the pins or the base change."""
+    installed with --no-deps; rebuilt only when the pins or the base change. Built under a file lock: the
+    two lanes of scripts/test-all.sh may ask for the same venv at once."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _layered_venv(venv, pins)
+
+
+def _layered_venv(venv: Path, pins: list[str]) -> Path:
     python = venv / "bin" / "python"
     base = sysconfig.get_paths()["purelib"]
     marker = venv / ".regen-pins"
