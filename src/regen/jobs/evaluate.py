@@ -4,8 +4,9 @@
         --output-dir DIR [--max-prompts N] [--max-new-tokens N] [--chat-template-kwargs JSON] \
         [--thinking-switch NAME --turn-kinds thinking,non-thinking] [--training-steps N] [--seed S] [--force]
 
-Runs the CPU reference (`regen.evaluate.reference`: the target through transformers, the drafter through
-SpecForge's own DFlashDraftModel) on the same prompts with greedy decoding, for three drafters:
+Runs the reference decoder (`regen.evaluate.reference`: the target through transformers, the drafter through
+SpecForge's own DFlashDraftModel; on the CPU, or on a GPU with --device cuda) on the same prompts with
+greedy decoding, one sequence at a time, for three drafters:
 `trained` (the checkpoint), `untrained` (the same config, freshly initialised: about 1.0) and `oracle`
 (proposes the target's own greedy continuation: the block size). Every speculative output is compared
 with plain greedy decoding of the same prompt (`lossless`).
@@ -32,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -240,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="prompt selection and the untrained drafter's init")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the target and drafters run: cpu (default), cuda or cuda:N (the reference on a GPU: "
+        "one sequence at a time, so its tokens/s measure the decoding algorithm, not a serving engine)",
+    )
     p.add_argument("--no-trust-remote-code", action="store_true")
     p.add_argument("--force", action="store_true", help="re-evaluate even when the report is up to date")
     p.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
@@ -367,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         ) from None
     if any(b < 1 for b in budgets):
         raise JobError("--tree-budgets: every budget must be at least 1 node")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise JobError(f"--device {args.device!r}: use cpu, cuda or cuda:N")
     if args.max_prompts < 1 or args.max_new_tokens < 1:
         raise JobError("--max-prompts and --max-new-tokens must be at least 1")
     out = args.output_dir
@@ -404,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "tree_budgets": budgets,
         "turn_kinds": kinds,
-        "device": "cpu",
+        "device": args.device,
         "prompts_source": str(args.prompts),
     }
     inputs = {
@@ -440,13 +450,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise JobError(
+            f"--device {args.device}: torch {torch.__version__} sees no GPU here; use --device cpu"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     trust = not args.no_trust_remote_code
-    target = ref.Target.load(args.target_model, args.dtype, trust)
+    target = ref.Target.load(args.target_model, args.dtype, trust, device=args.device)
     tokenizer = AutoTokenizer.from_pretrained(str(args.target_model), trust_remote_code=trust)
     stops = _stop_ids(tokenizer, target.model)
-    trained = ref.load_drafter(args.checkpoint, args.dtype)
+    trained = ref.load_drafter(args.checkpoint, args.dtype, args.device)
     ref.check_compatible(trained, target)
     block, mask, layers = int(trained.block_size), int(trained.mask_token_id), list(trained.target_layer_ids)
     proposers: dict[str, Any] = {}
@@ -454,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         proposers["trained"] = ref.DFlashProposer(trained, target)
     if "untrained" in drafters:
         proposers["untrained"] = ref.DFlashProposer(
-            ref.fresh_drafter(args.checkpoint, args.seed, args.dtype), target
+            ref.fresh_drafter(args.checkpoint, args.seed, args.dtype, args.device), target
         )
 
     results = Results(out / "results.jsonl", digest)
@@ -463,10 +477,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def _run_all() -> None:
         """Every drafter over every prompt not yet in `results` (each run is committed as it ends)."""
-        # One untimed decode first: the first forwards pay one-off costs (allocations, kernel selection).
+        # Untimed decodes first: the first forwards pay one-off costs (allocations, kernel selection, on a
+        # GPU its libraries' start), which would otherwise be charged to whichever decode came first.
         first_kwargs = next(iter(kinds.values()))
         warm = _tokenize(tokenizer, prompts[0]["turns"], args.prompt_max_tokens, first_kwargs)
         ref.greedy_decode(target, warm, 4, stops)
+        for proposer in proposers.values():
+            ref.speculative_decode(
+                target, proposer, warm, block_size=block, mask_token_id=mask, layer_ids=layers, max_new=4
+            )
         for kind, kwargs in kinds.items():
             for prompt in prompts:
                 if all(results.has(name, prompt["id"], kind) for name in drafters):
@@ -479,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             if all(results.has(name, p["id"], kind) for p in prompts):
                 continue
             path = export_step(checkpoint, args.checkpoint / "config.json", out / "steps")
-            proposer = ref.DFlashProposer(ref.load_drafter(path, args.dtype), target)
+            proposer = ref.DFlashProposer(ref.load_drafter(path, args.dtype, args.device), target)
             for prompt in prompts:
                 if results.has(name, prompt["id"], kind):
                     continue
