@@ -26,7 +26,8 @@ wheels=${2:-.cache/gpu-train-wheels}
 # The wheels the GPU image lacks or has at other versions (versions of requirements/controller.lock).
 pins=(specforge==0.2.0 transformers==5.24.0 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2
       tokenizers==0.23.3 hf-xet==1.8.0 typer==0.29.2 pydantic==2.14.4 pydantic_core==2.50.5
-      annotated-types==0.8.0 typing-inspection==0.4.5)
+      annotated-types==0.8.0 typing-inspection==0.4.5 truststore==0.10.5 click==8.5.1 idna==3.20
+      anyio==4.16.0 h11==0.16.0)
 
 if [ "$mode" = download ]; then
   # The GPU image's python is 3.12 on x86_64; binary wheels are fetched for that.

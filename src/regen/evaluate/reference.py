@@ -1,4 +1,8 @@
-"""CPU reference of DFlash speculative decoding: block drafting and greedy verification in PyTorch.
+"""Reference of DFlash speculative decoding: block drafting and greedy verification in PyTorch.
+
+It runs on the CPU (the embedded default's evaluate stage) or on a GPU (`regen.jobs.evaluate --device cuda`,
+the GPU smoke script); one sequence at a time either way, so it measures the decoding algorithm, not a
+serving engine.
 
 The target runs through `transformers` with a KV cache, the drafter is SpecForge's own `DFlashDraftModel`
 loaded from the exported checkpoint, and one step follows SpecForge 0.2.0's

@@ -18,12 +18,12 @@ TREE_NOT_MEASURED = "DDTree budgets were not scored in this run (--tree-budgets 
 TREE_NOTE = (
     "Per verification step of the chain run, the acceptance length greedy verification of a DDTree of that "
     "many nodes (the likeliest prefixes of the drafter's per-slot distributions) would have reached in the "
-    "same state. Acceptance only: the CPU reference has no tree-attention verifier, so no tokens/s; the "
+    "same state. Acceptance only: the reference decoder has no tree-attention verifier, so no tokens/s; the "
     "pinned engine's DFLASH verifies the chain."
 )
 BATCH_NOT_MEASURED = (
-    "not measured by the CPU reference: it decodes one request at a time, and a batch whose requests accept "
-    "different draft lengths needs per-request KV caches the reference does not model; the GPU path "
+    "not measured by the reference decoder: it decodes one request at a time, and a batch whose requests "
+    "accept different draft lengths needs per-request KV caches the reference does not model; the GPU path "
     "(SGLang, continuous batching) is where the batch setting is measured"
 )
 STEPS_NOT_MEASURED = (

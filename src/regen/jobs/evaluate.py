@@ -192,7 +192,7 @@ class Results:
 def build_parser() -> argparse.ArgumentParser:
     p = job_parser(
         "python -m regen.jobs.evaluate",
-        "Acceptance length and speedup of a DFlash drafter (CPU reference, greedy).",
+        "Acceptance length and speedup of a DFlash drafter (reference decoder on the CPU or a GPU, greedy).",
         status=False,
         progress=False,
     )
