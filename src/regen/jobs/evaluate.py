@@ -52,6 +52,7 @@ from ._common import (
     decode_json_line,
     iter_lines,
     job_parser,
+    json_object_arg,
     kv,
     run_main,
     setup_logging,
@@ -312,14 +313,7 @@ def turn_kinds(kwargs_text: str, switch: str, kinds_text: str) -> dict[str, dict
     Without --turn-kinds there is one kind: the turns --chat-template-kwargs gives, named after its
     thinking switch when that is known (`thinking` / `non-thinking`), else `default`.
     """
-    try:
-        kwargs = json.loads(kwargs_text)
-    except ValueError as exc:
-        raise JobError(
-            f"--chat-template-kwargs is not JSON ({exc}); pass e.g. '{{\"thinking\": true}}'"
-        ) from None
-    if not isinstance(kwargs, dict):
-        raise JobError("--chat-template-kwargs must be a JSON object such as '{\"thinking\": true}'")
+    kwargs = json_object_arg(kwargs_text, "--chat-template-kwargs")
     kinds = [k.strip() for k in kinds_text.split(",") if k.strip()]
     bad = [k for k in kinds if k not in TURN_KINDS]
     if bad:
@@ -472,6 +466,20 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     results = Results(out / "results.jsonl", digest)
+
+    def _speculative(proposer: Any, ids: list[int], **extra: Any) -> Any:
+        return ref.speculative_decode(
+            target,
+            proposer,
+            ids,
+            block_size=block,
+            mask_token_id=mask,
+            layer_ids=layers,
+            max_new=args.max_new_tokens,
+            stop_ids=stops,
+            **extra,
+        )
+
     total = len(prompts) * (len(drafters) * len(kinds) + len(earlier))
     began = time.monotonic()
 
@@ -503,16 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                 if results.has(name, prompt["id"], kind):
                     continue
                 ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens, kwargs)
-                spec = ref.speculative_decode(
-                    target,
-                    proposer,
-                    ids,
-                    block_size=block,
-                    mask_token_id=mask,
-                    layer_ids=layers,
-                    max_new=args.max_new_tokens,
-                    stop_ids=stops,
-                )
+                spec = _speculative(proposer, ids)
                 results.add(
                     {
                         "drafter": name,
@@ -542,17 +541,8 @@ def main(argv: list[str] | None = None) -> int:
                 proposer: Any = ref.OracleProposer(cont, block)
             else:
                 proposer = proposers[name]
-            spec = ref.speculative_decode(
-                target,
-                proposer,
-                ids,
-                block_size=block,
-                mask_token_id=mask,
-                layer_ids=layers,
-                max_new=args.max_new_tokens,
-                stop_ids=stops,
-                tree_budgets=budgets if name != "oracle" else (),
-                continuation=cont,
+            spec = _speculative(
+                proposer, ids, tree_budgets=budgets if name != "oracle" else (), continuation=cont
             )
             lossless = spec.tokens == plain.tokens
             if not lossless:
