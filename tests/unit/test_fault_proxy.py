@@ -1,5 +1,5 @@
-"""The STUB fault-injection proxy of the fault campaign, in front of the STUB OpenAI server (both on loopback):
-forwarding, injected errors, a hang released by clear(), a dead upstream, and the loopback-only rule."""
+"""The STUB fault-injection proxy of the fault campaign, in front of the STUB OpenAI server (both on
+loopback): forwarding, injected errors, a hang released by clear(), a dead upstream, loopback only."""
 
 from __future__ import annotations
 
