@@ -144,3 +144,47 @@ def test_the_inventorys_cap_and_the_train_stage_flags_are_used_when_they_fit() -
     other = evaluation_servers(PLAIN_SERVING, "/other/export", 16, 16)
     assert other["plain"]["identity"] == same["plain"]["identity"]
     assert other["dflash"]["identity"] != same["dflash"]["identity"]
+
+
+# What SGLang 0.5.23's /generate takes: GenerateReqInput's fields (read from its source: importing
+# io_struct needs transformers, which the throwaway venv does not carry) and SamplingParams itself.
+_BODY_CHECK = r"""
+import ast, json, sys
+from pathlib import Path
+import sglang
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+body = json.loads(sys.argv[1])
+source = Path(sglang.__file__).parent / "srt" / "managers" / "io_struct.py"
+tree = ast.parse(source.read_text())
+cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GenerateReqInput")
+fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+params = SamplingParams(**body["sampling_params"])
+params.verify(163840)
+print(json.dumps({"unknown": sorted(set(body) - fields), "top_k": params.top_k,
+                  "max_new_tokens": params.max_new_tokens, "stop_token_ids": sorted(params.stop_token_ids)}))
+"""
+
+
+def test_the_request_bodies_are_what_sglangs_generate_takes() -> None:
+    from regen.evaluate.serving import generate_body
+
+    try:
+        python = sglang_venv_python()
+    except VenvError as exc:
+        pytest.fail(str(exc))
+    for top in (0, 2):
+        body = generate_body([163584, 1008, 163585], max_new_tokens=256, stop_ids=[163586], top_logprobs=top)
+        proc = subprocess.run(
+            [str(python), "-c", _BODY_CHECK, json.dumps(body)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert seen["unknown"] == []  # every key is a GenerateReqInput field
+        # Temperature 0 is greedy in SGLang: top-k 1.
+        assert (seen["top_k"], seen["max_new_tokens"], seen["stop_token_ids"]) == (1, 256, [163586])
