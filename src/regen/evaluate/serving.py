@@ -429,8 +429,8 @@ def merge(
         "lossless": {
             "value": lossless,
             "exact": lossless and all(c["near_tie"] == 0 for c in checks.values()),
-            "method": "greedy; the speculative server's output token ids against the plain server's, per "
-            "setting",
+            "method": "Greedy decoding: the speculative server's output token ids against the plain "
+            "server's, per setting",
             "tie_tolerance": tie_tolerance,
             "settings": checks,
             "differences": differences,
