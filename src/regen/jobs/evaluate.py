@@ -345,8 +345,13 @@ def _tokenize(
 
 
 def _stop_ids(tokenizer: Any, model: Any) -> list[int]:
+    return stop_ids(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+
+
+def stop_ids(tokenizer: Any, eos: Any) -> list[int]:
+    """The tokens that end an answer: the generation config's EOS (one id or a list), the tokenizer's,
+    and the chat template's end-of-turn token where the vocabulary has one."""
     ids = set()
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for value in (eos if isinstance(eos, list) else [eos]) + [tokenizer.eos_token_id]:
         if isinstance(value, int):
             ids.add(value)
