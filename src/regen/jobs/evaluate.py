@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 def export_marker(checkpoint: Path) -> dict[str, Any] | None:
     """The train stage's `regen-export-step<N>.json` in an export directory: {checkpoint, step, run_id}."""
     for marker in sorted(checkpoint.glob("regen-export-step*.json")):
-        doc = _load_json(marker)
+        doc = load_json_object(marker)
         if doc and isinstance(doc.get("step"), int) and doc.get("checkpoint") and doc.get("run_id"):
             return doc
     return None
@@ -431,20 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     digest = hashlib.sha256(canonical_json({"settings": settings, "inputs": inputs})).hexdigest()
     report_path = out / "report.json"
-    old = _load_json(report_path)
-    if old and old.get("inputs_digest") == digest and not args.force:
-        log.info("report up to date", extra=kv(report=str(report_path)))
-        print(
-            json.dumps(
-                {
-                    "changed": False,
-                    "report": str(report_path),
-                    "headline": headline(old),
-                    "lossless": old.get("lossless"),
-                }
-            )
-        )
-        return EXIT_OK if old.get("lossless") else EXIT_FAILED_RECORDS
+    current = exit_if_report_current(report_path, digest, args.force)
+    if current is not None:
+        return current
 
     import torch
     from transformers import AutoTokenizer
@@ -649,12 +638,27 @@ def _first_diff(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
-def _load_json(path: Path) -> dict[str, Any] | None:
+def load_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a file, or None when it is missing, torn or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def exit_if_report_current(report_path: Path, digest: str, force: bool) -> int | None:
+    """When the report at `report_path` was made from inputs with this digest (and --force is not given):
+    print the unchanged result line the roles read and return the exit code; else None (evaluate)."""
+    from ..evaluate.report import headline
+
+    old = load_json_object(report_path)
+    if not old or old.get("inputs_digest") != digest or force:
+        return None
+    log.info("report up to date", extra=kv(report=str(report_path)))
+    result = {"changed": False, "report": str(report_path), "headline": headline(old)}
+    print(json.dumps({**result, "lossless": old.get("lossless")}))
+    return EXIT_OK if old.get("lossless") else EXIT_FAILED_RECORDS
 
 
 if __name__ == "__main__":

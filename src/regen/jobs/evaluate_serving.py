@@ -71,10 +71,11 @@ from ._common import (
     make_progress,
     prepare_output_dir,
     run_main,
+    serving_api_key,
     setup_logging,
     want_progress,
 )
-from .evaluate import files_digest, load_prompts, turn_kinds
+from .evaluate import exit_if_report_current, files_digest, load_json_object, load_prompts, turn_kinds
 from .status import RUNNING_STATES, Status
 
 log = logging.getLogger("regen.jobs.evaluate_serving")
@@ -265,7 +266,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     results = Results(a.output_dir / "results.jsonl", inputs.digests)
     done = results.done()
     pending = {name: sum(1 for k in inputs.expected(name) if k not in done) for name in SERVERS}
-    report = _load_json(a.output_dir / "report.json")
+    report = load_json_object(a.output_dir / "report.json")
     up_to_date = bool(report) and report.get("inputs_digest") == inputs.report_digest(a.tie_tolerance)
     print(
         json.dumps(
@@ -286,20 +287,6 @@ def cmd_plan(a: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------------
 # run
 # --------------------------------------------------------------------------------------------------
-
-
-def _api_key(path: str | None) -> str | None:
-    if not path:
-        return None
-    from regen.serving.supervisor import SupervisorError, read_env_file
-
-    try:
-        value = read_env_file(path).get("REGEN_SERVING_API_KEY")
-    except SupervisorError as exc:
-        raise JobError(str(exc)) from None
-    if not value:
-        raise JobError(f"{path} has no REGEN_SERVING_API_KEY= line; re-run the serve stage")
-    return value
 
 
 class Renderer:
@@ -356,7 +343,7 @@ class Client:
         self.a = a
         self.renderer = renderer
         self.url = S.endpoint_url(a.endpoint, a.api)
-        key = _api_key(a.api_key_env_file)
+        key = serving_api_key(a.api_key_env_file)
         self.headers = {
             "Content-Type": "application/json",
             **({"Authorization": f"Bearer {key}"} if key else {}),
@@ -598,19 +585,9 @@ def cmd_report(a: argparse.Namespace) -> int:
     out = prepare_output_dir(a.output_dir)
     digest = inputs.report_digest(a.tie_tolerance)
     report_path = out / "report.json"
-    old = _load_json(report_path)
-    if old and old.get("inputs_digest") == digest and not a.force:
-        print(
-            json.dumps(
-                {
-                    "changed": False,
-                    "report": str(report_path),
-                    "headline": headline(old),
-                    "lossless": old.get("lossless"),
-                }
-            )
-        )
-        return EXIT_OK if old.get("lossless") else EXIT_FAILED_RECORDS
+    current = exit_if_report_current(report_path, digest, a.force)
+    if current is not None:
+        return current
     with DirectoryLock(out, "evaluate_serving"):
         results = Results(out / "results.jsonl", inputs.digests)
         done = results.done()
@@ -758,14 +735,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return cmd_run(args)
     return cmd_report(args)
-
-
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 if __name__ == "__main__":
