@@ -337,14 +337,96 @@ def _rounds_from(
     return rounds
 
 
-def plan(args: argparse.Namespace) -> dict[str, Any]:
-    """Partition the run into rounds, or keep the ledger's partition while it still fits the budget.
+def keep_ledger(old: dict[str, Any], inputs: dict[str, Any], budget: int, checkpoint: int) -> bool:
+    """Whether a ledger's partition still holds: made for these inputs (else refused: another run's
+    ledger), and every round not trained yet fits the budget given now. A budget taken from the free disk
+    moves a little from run to run; that alone never re-plans."""
+    differ = {k: (old["inputs"].get(k), inputs[k]) for k in _INPUT_KEYS if old["inputs"].get(k) != inputs[k]}
+    if differ:
+        raise RollingError(
+            f"the rolling ledger was planned for other data or another recipe {differ}; the run id should "
+            "have changed with them. Remove the ledger to plan again (progress is in SpecForge's "
+            "checkpoints; features are captured again)"
+        )
+    remaining = [r for r in old["rounds"] if int(r["last_step"]) > checkpoint]
+    return all(int(r["estimated_bytes"]) <= budget for r in remaining)
 
-    A ledger is kept as long as every round not trained yet fits the budget given now (a budget taken from
-    the free disk moves a little from run to run; that alone never re-plans). When one no longer fits (the
-    budget was lowered), the steps after the newest checkpoint are partitioned again; the rounds trained
-    stay as they were, and a round the newest checkpoint cuts keeps its trained part.
-    """
+
+def build_ledger(
+    old: dict[str, Any] | None,
+    *,
+    inputs: dict[str, Any],
+    kept: list[tuple[int, int]],
+    sizes: list[int],
+    steps: list[list[int]],
+    budget: int,
+    checkpoint: int,
+    run_id: str,
+    features: str,
+    block: int,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ledger and the documents of its new rounds (`round-NNN.json`: indices, their bytes, the samples
+    of each step). Without an `old` ledger every step is partitioned; with one (a lowered budget), the
+    steps after the newest checkpoint are, the rounds trained stay as they were, and a round the
+    checkpoint cuts keeps its trained part."""
+    history: list[dict[str, Any]] = []
+    first = 1
+    if old is not None:
+        first = checkpoint + 1
+        history = [dict(r) for r in old["rounds"] if int(r["last_step"]) <= checkpoint]
+        cut = next(
+            (r for r in old["rounds"] if int(r["first_step"]) <= checkpoint < int(r["last_step"])), None
+        )
+        if cut is not None:
+            history.append({**cut, "last_step": checkpoint, "cut_at_replan": True})
+    total = int(inputs["total_steps"])
+    fresh = _rounds_from(steps, kept, sizes, budget, first) if first <= total else []
+    ledger = {
+        "version": LEDGER_VERSION,
+        "run_id": run_id,
+        "features_dir": str(features),
+        "inputs": inputs,
+        "budget_bytes": budget,
+        "total_steps": total,
+        "block_bytes": block,
+        "file_overhead_bytes": FILE_OVERHEAD_BYTES,
+        "rounds": history,
+        "records": (old or {}).get("records", {}),
+        "peak_bytes": (old or {}).get("peak_bytes", 0),
+        "finished": False,
+        "replans": list((old or {}).get("replans", [])),
+        "created_at": (old or {}).get("created_at", time.time()),
+    }
+    if old is not None:
+        ledger["replans"].append(
+            {"at_step": checkpoint, "budget_bytes": budget, "previous_budget_bytes": old["budget_bytes"]}
+        )
+    documents = []
+    for item in fresh:
+        number = len(ledger["rounds"])
+        summary = {
+            "round": number,
+            "first_step": item["first_step"],
+            "last_step": item["last_step"],
+            "samples": item["samples"],
+            "estimated_bytes": item["estimated_bytes"],
+            "file": f"round-{number:03d}.json",
+        }
+        ledger["rounds"].append(summary)
+        documents.append({**item, **summary})
+    return ledger, documents
+
+
+def write_ledger(ledger_path: Path, ledger: dict[str, Any], documents: list[dict[str, Any]]) -> None:
+    """Round documents first, then the ledger that names them: a kill between leaves the old ledger whole."""
+    ledger_path.parent.mkdir(parents=True, exist_ok=True)
+    for document in documents:
+        atomic_write_json(ledger_path.parent / document["file"], document)
+    atomic_write_json(ledger_path, ledger)
+
+
+def plan(args: argparse.Namespace) -> dict[str, Any]:
+    """Partition the run into rounds, or keep the ledger's partition while it still fits the budget."""
     ledger_path, features = Path(args.ledger), Path(args.features)
     budget = int(args.budget_bytes)
     if budget <= 0:
@@ -371,77 +453,30 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     }
     checkpoint = _checkpoint_step(args.checkpoints, args.run_id)
     old = read_ledger(ledger_path) if ledger_path.exists() else None
-    if old is not None:
-        differ = {
-            k: (old["inputs"].get(k), inputs[k]) for k in _INPUT_KEYS if old["inputs"].get(k) != inputs[k]
-        }
-        if differ:
-            raise RollingError(
-                f"the rolling ledger {ledger_path} was planned for other data or another recipe {differ}; "
-                "the run id should have changed with them. Remove the ledger to plan again (progress is in "
-                "SpecForge's checkpoints, features are captured again)"
-            )
-        remaining = [r for r in old["rounds"] if int(r["last_step"]) > checkpoint]
-        if all(int(r["estimated_bytes"]) <= budget for r in remaining):
-            return _plan_summary(old, checkpoint, created=False, note=None)
+    if old is not None and keep_ledger(old, inputs, budget, checkpoint):
+        return _plan_summary(old, checkpoint, created=False, note=None)
     block = _block_size(features)
     sizes = [file_bytes(tokens, args.file_bytes_per_token, block) for _, tokens in kept]
     orders = sampler_orders(len(kept), args.world_size, args.seed, args.epochs)
     steps = step_positions(orders, args.batch_size, args.accumulation_steps, args.total_steps)
-    history: list[dict[str, Any]] = []
-    first = 1
-    if old is not None:
-        first = checkpoint + 1
-        history = [dict(r) for r in old["rounds"] if int(r["last_step"]) <= checkpoint]
-        cut = next(
-            (r for r in old["rounds"] if int(r["first_step"]) <= checkpoint < int(r["last_step"])), None
-        )
-        if cut is not None:
-            # A kill mid-round: the round's trained part stays history, the rest is planned again.
-            history.append({**cut, "last_step": checkpoint, "cut_at_replan": True})
-    fresh = _rounds_from(steps, kept, sizes, budget, first) if first <= args.total_steps else []
-    ledger = {
-        "version": LEDGER_VERSION,
-        "run_id": args.run_id,
-        "features_dir": str(features),
-        "inputs": inputs,
-        "budget_bytes": budget,
-        "total_steps": args.total_steps,
-        "block_bytes": block,
-        "file_overhead_bytes": FILE_OVERHEAD_BYTES,
-        "rounds": history,
-        "records": (old or {}).get("records", {}),
-        "peak_bytes": (old or {}).get("peak_bytes", 0),
-        "finished": False,
-        "replans": (old or {}).get("replans", []),
-        "created_at": (old or {}).get("created_at", time.time()),
-    }
-    if old is not None:
-        ledger["replans"].append(
-            {"at_step": checkpoint, "budget_bytes": budget, "previous_budget_bytes": old["budget_bytes"]}
-        )
-    documents = []
-    for item in fresh:
-        number = len(ledger["rounds"])
-        summary = {
-            "round": number,
-            "first_step": item["first_step"],
-            "last_step": item["last_step"],
-            "samples": item["samples"],
-            "estimated_bytes": item["estimated_bytes"],
-            "file": _round_file(ledger_path, number).name,
-        }
-        ledger["rounds"].append(summary)
-        documents.append((number, {**item, **summary}))
+    ledger, documents = build_ledger(
+        old,
+        inputs=inputs,
+        kept=kept,
+        sizes=sizes,
+        steps=steps,
+        budget=budget,
+        checkpoint=checkpoint,
+        run_id=args.run_id,
+        features=str(features),
+        block=block,
+    )
     if not args.dry_run:
-        ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        for number, document in documents:
-            atomic_write_json(_round_file(ledger_path, number), document)
-        atomic_write_json(ledger_path, ledger)
+        write_ledger(ledger_path, ledger, documents)
     note = None
     if old is not None:
         note = (
-            f"re-planned from step {first}: a round not trained yet no longer fit the budget of "
+            f"re-planned from step {checkpoint + 1}: a round not trained yet no longer fit the budget of "
             f"{human_bytes(budget)} (it was {human_bytes(old['budget_bytes'])})"
         )
     return _plan_summary(ledger, checkpoint, created=True, note=note)
