@@ -114,6 +114,45 @@ def test_production_launch_in_check_mode(tmp_path: Path) -> None:
     assert "10.1.2.200" not in output
 
 
+def test_production_rolling_in_check_mode(tmp_path: Path) -> None:
+    """CT200 forced to rolling offline, in check mode: the play shows a round's capture (only the samples
+    its round file lists, into the run's rolling directory) and its training (stopped at the round's last
+    step, SpecForge told not to open the other rounds' placeholders), and writes nothing on the host."""
+    config = json.loads((ROOT / "tests/fixtures/drafter/targets/kimi-k2.6/config.json").read_text())
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    (artifacts / "model_facts.json").write_text(
+        json.dumps(_facts(Path("/root/models/Kimi-K2.6"), config, 163838, 8))
+    )
+    output, recap = _play(
+        "playbooks/train.yml",
+        "--check",
+        "-e",
+        "ansible_connection=local",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+        "-e",
+        f"regen_job_python={sys.executable}",
+        "-e",
+        f"regen_artifacts_dir={artifacts}",
+        "-e",
+        "drafter_training_topology=rolling",
+        inventory="inventory/production.example",
+    )
+    assert recap["ct200"]["failed"] == 0
+    flat = re.sub(r"\s+", " ", output)
+    assert "topology: rolling offline requested in inventory" in flat
+    assert re.search(
+        r"regen\.training\.capture --backend sglang .* "
+        r"--output /root/regen/drafter/hidden_states/rolling-\w+ .* "
+        r"--only /root/regen/drafter/runs/dflash-\w+/rolling/round-000\.json",
+        flat,
+    )
+    assert "--env SPECFORGE_VALIDATE_OFFLINE_FEATURES=0 --" in flat
+    assert "'training.max_steps=<last step of round 1>'" in flat
+    assert "10.1.2.200" not in output
+
+
 def _tokenized(model_dir: Path, out: Path, count: int) -> None:
     """Chat samples rendered with the demo model's own template; loss on the assistant reply."""
     from transformers import AutoTokenizer
