@@ -268,7 +268,10 @@ def plan_topology(
         "no topology fits: the hidden states "
         f"({_gib(offline_bytes)}) exceed the disk budget ({_gib(budget)}); "
         + (
-            f"no capture host has the {need} GPU(s) the target needs"
+            "the facts show no GPUs, so neither a capture server nor GPUs taking turns are planned (set "
+            "drafter_training_topology: rolling to capture and train in shards on this host)"
+            if not need
+            else f"no capture host has the {need} GPU(s) the target needs"
             if not target_fits_a_host
             else f"a trainer GPU needs {_gib(single_need)} and has {_gib(gpu_memory or 0)}"
         )

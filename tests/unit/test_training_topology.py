@@ -133,6 +133,19 @@ def test_forced_modes_and_refusals_say_what_to_change() -> None:
         plan_topology("rolling", offline, 1000, 100_000, capture_gpus_needed=8, **args)
     with pytest.raises(TopologyError, match="no capture host has the 16 GPU"):
         plan_topology("auto", offline, 3 * TB, 100_000, capture_gpus_needed=16, **args)
+    # A CPU host (the demo) whose disk budget is too small: rolling is only planned when asked for.
+    with pytest.raises(TopologyError, match=r"facts show no GPUs.*set drafter_training_topology: rolling"):
+        plan_topology(
+            "auto",
+            offline,
+            3 * TB,
+            100_000,
+            capture_gpus_needed=None,
+            capture_hosts=[_host("localhost", 0, None)],
+            train_hosts=[_host("localhost", 0, None)],
+            draft_config=KIMI_DRAFT,
+            max_length=4096,
+        )
     with pytest.raises(TopologyError, match="choose one of auto, offline, online, rolling"):
         plan_topology("streaming", offline, 3 * TB, 100_000, capture_gpus_needed=8, **args)
 
