@@ -27,6 +27,13 @@ def test_a_feature_file_is_counted_whole_blocks_with_its_container() -> None:
     assert rolling.file_bytes(71, 144) == 16384
     assert rolling.file_bytes(0, 144, block=512) == 4096
     assert rolling.FILE_OVERHEAD_BYTES == FEATURE_FILE_OVERHEAD_BYTES  # the plan counts the same allowance
+    # The directory itself: 64 B per name (100,000 names: 6.1 MiB) and the capture manifest's block.
+    assert rolling.reserved_bytes(4) == 8192 and rolling.reserved_bytes(100_000) == 6_402_048 + 4096
+
+
+def test_a_budget_below_the_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(rolling.RollingError, match=r"does not even hold the feature directory of 4 samples"):
+        _ledger(tmp_path, 8192)
 
 
 def test_each_step_reads_its_ranks_batches_in_sampler_order() -> None:
@@ -171,8 +178,8 @@ def _capture(features: Path, indices: list[int], size: int = 3000) -> None:
 
 
 def test_a_rolling_run_round_by_round(tmp_path: Path) -> None:
-    # 8 KiB per sample, a 16 KiB budget: two samples a round.
-    ledger = _ledger(tmp_path, 16384)
+    # 8 KiB per sample, a 24 KiB budget: 8 KiB for the directory (4 names, the manifest), two samples a round.
+    ledger = _ledger(tmp_path, 24576)
     doc = json.loads(ledger.read_text())
     assert [(r["first_step"], r["last_step"], r["samples"]) for r in doc["rounds"]] == [
         (1, 2, 2),
@@ -204,7 +211,7 @@ def test_a_rolling_run_round_by_round(tmp_path: Path) -> None:
     assert "data_00000005.ckpt" in missing["msg"]
     _capture(features, [5])
     code, checked = _cli(ledger, "check", "--round", "0")
-    assert code == 0 and checked["held_bytes"] == rolling.disk_usage(features) <= 16384
+    assert code == 0 and checked["held_bytes"] == rolling.disk_usage(features) <= 24576
     assert checked["peak_bytes"] == checked["held_bytes"] > 0 and checked["changed"]
     peak = checked["peak_bytes"]
     code, checked_again = _cli(ledger, "check", "--round", "0")
@@ -223,9 +230,9 @@ def test_a_rolling_run_round_by_round(tmp_path: Path) -> None:
     (features / ".data_00000002.ckpt.abc.tmp").write_bytes(b"x" * 100)
     code, prepared = _cli(ledger, "prepare", "--round", "1")
     assert code == 0 and prepared["temporary"] == 1
-    _capture(features, [2, 3], size=9000)  # 3 blocks each: 24 KiB against 16 KiB
+    _capture(features, [2, 3], size=13000)  # 4 blocks each: 32 KiB against 24 KiB
     code, over = _cli(ledger, "check", "--round", "1")
-    assert code == 2 and "over the budget of 16.0 KiB" in over["msg"]
+    assert code == 2 and "over the budget of 24.0 KiB" in over["msg"]
     _capture(features, [2, 3])
     # Today's budget may be lower than the ledger's (the lower wins).
     code, lower = _cli(ledger, "check", "--round", "1", "--budget-bytes", "4096")
@@ -257,17 +264,17 @@ def test_no_ledger_is_nothing_planned(tmp_path: Path) -> None:
 
 
 def test_a_ledger_is_kept_until_a_lower_budget_no_longer_holds_its_rounds(tmp_path: Path) -> None:
-    ledger = _ledger(tmp_path, 16384)
+    ledger = _ledger(tmp_path, 24576)
     old = json.loads(ledger.read_text())
     # The same budget, a larger one, and a smaller one its rounds still fit: kept.
-    assert rolling.keep_ledger(old, _inputs(), 16384, 0) and rolling.keep_ledger(old, _inputs(), 10**9, 0)
-    assert rolling.keep_ledger(old, _inputs(), 16384 - 1, 4)  # only round 3 (8 KiB) is left
-    assert not rolling.keep_ledger(old, _inputs(), 8192, 0)
+    assert rolling.keep_ledger(old, _inputs(), 24576, 0) and rolling.keep_ledger(old, _inputs(), 10**9, 0)
+    assert rolling.keep_ledger(old, _inputs(), 24576 - 1, 4)  # only round 3 (8 KiB + 8 KiB) is left
+    assert not rolling.keep_ledger(old, _inputs(), 16384, 0)
     with pytest.raises(rolling.RollingError, match=r"other data or another recipe \{'seed': \(42, 7\)\}"):
-        rolling.keep_ledger(old, _inputs(seed=7), 16384, 0)
+        rolling.keep_ledger(old, _inputs(seed=7), 24576, 0)
     # Lowered to one sample a round after a kill at step 3 (inside round 2): round 1 stays, round 2 keeps
     # its trained step 3, steps 4 and 5 are planned again.
-    replanned = json.loads(_ledger(tmp_path, 8192, old=old, checkpoint=3).read_text())
+    replanned = json.loads(_ledger(tmp_path, 16384, old=old, checkpoint=3).read_text())
     assert [(r["first_step"], r["last_step"]) for r in replanned["rounds"]] == [
         (1, 2),
         (3, 3),
@@ -275,7 +282,7 @@ def test_a_ledger_is_kept_until_a_lower_budget_no_longer_holds_its_rounds(tmp_pa
         (5, 5),
     ]
     assert replanned["rounds"][1]["cut_at_replan"] and replanned["replans"] == [
-        {"at_step": 3, "budget_bytes": 8192, "previous_budget_bytes": 16384}
+        {"at_step": 3, "budget_bytes": 16384, "previous_budget_bytes": 24576}
     ]
     assert rolling.current_round(replanned["rounds"], 3) == 2
     assert json.loads((ledger.parent / "round-002.json").read_text())["indices"] == [3]

@@ -59,6 +59,10 @@ LEDGER_VERSION = 1
 # counted, then the file is rounded up to the filesystem's block, so the estimate is never below the disk
 # a file takes.
 FILE_OVERHEAD_BYTES = 4096
+# Bytes one file name takes in the feature directory itself (ext4: an 8-byte header and the 18-byte name,
+# 4-byte aligned, is 28; hashed-directory blocks add some): 64 counted. With the capture manifest's block,
+# this is what the directory takes besides the features (`reserved_bytes`), and the budget counts it.
+DIR_ENTRY_BYTES = 64
 # Fields of the ledger's inputs that decide the partition (the budget aside, see `plan`).
 _INPUT_KEYS = (
     "samples",
@@ -98,6 +102,13 @@ def file_bytes(tokens: int, file_bytes_per_token: int, block: int = 4096) -> int
     raw = int(tokens) * int(file_bytes_per_token) + FILE_OVERHEAD_BYTES
     block = max(1, int(block))
     return -(-raw // block) * block
+
+
+def reserved_bytes(samples: int, block: int = 4096) -> int:
+    """What the feature directory takes besides the features: its own entries (a name per sample, the
+    placeholders' included) and the capture manifest's block."""
+    block = max(1, int(block))
+    return -(-(int(samples) * DIR_ENTRY_BYTES) // block) * block + block
 
 
 def step_positions(
@@ -254,11 +265,12 @@ def free_bytes(path: Path) -> int | None:
 
 
 def disk_usage(features: Path) -> int:
-    """Bytes the feature directory takes on disk now: every file in it (features, placeholders, the capture
-    manifest, a temporary file a killed capture left), counted by the blocks allocated to it."""
+    """Bytes the feature directory takes on disk now: the directory itself and every file in it (features,
+    placeholders, the capture manifest, a temporary file a killed capture left), counted by the blocks
+    allocated to them."""
     if not features.is_dir():
         return 0
-    total = 0
+    total = features.stat().st_blocks * 512
     with os.scandir(features) as entries:
         for entry in entries:
             if entry.is_file(follow_symlinks=False):
@@ -349,7 +361,8 @@ def keep_ledger(old: dict[str, Any], inputs: dict[str, Any], budget: int, checkp
             "checkpoints; features are captured again)"
         )
     remaining = [r for r in old["rounds"] if int(r["last_step"]) > checkpoint]
-    return all(int(r["estimated_bytes"]) <= budget for r in remaining)
+    reserved = int(old.get("reserved_bytes", 0))
+    return all(int(r["estimated_bytes"]) + reserved <= budget for r in remaining)
 
 
 def build_ledger(
@@ -380,7 +393,14 @@ def build_ledger(
         if cut is not None:
             history.append({**cut, "last_step": checkpoint, "cut_at_replan": True})
     total = int(inputs["total_steps"])
-    fresh = _rounds_from(steps, kept, sizes, budget, first) if first <= total else []
+    reserved = reserved_bytes(len(kept), block)
+    if reserved >= budget:
+        raise RollingError(
+            f"the disk budget of {human_bytes(budget)} does not even hold the feature directory of "
+            f"{len(kept)} samples ({human_bytes(reserved)} for its names and the capture manifest): raise "
+            "drafter_training_hidden_states_max_bytes or free disk"
+        )
+    fresh = _rounds_from(steps, kept, sizes, budget - reserved, first) if first <= total else []
     ledger = {
         "version": LEDGER_VERSION,
         "run_id": run_id,
@@ -390,6 +410,7 @@ def build_ledger(
         "total_steps": total,
         "block_bytes": block,
         "file_overhead_bytes": FILE_OVERHEAD_BYTES,
+        "reserved_bytes": reserved,
         "rounds": history,
         "records": (old or {}).get("records", {}),
         "peak_bytes": (old or {}).get("peak_bytes", 0),
@@ -485,10 +506,11 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
 def _plan_summary(ledger: dict[str, Any], checkpoint: int, created: bool, note: str | None) -> dict[str, Any]:
     current = current_round(ledger["rounds"], checkpoint)
     largest = max((int(r["estimated_bytes"]) for r in ledger["rounds"]), default=0)
+    largest += int(ledger.get("reserved_bytes", 0))
     line = (
         f"{len(ledger['rounds'])} round(s) over {ledger['total_steps']} optimizer steps of "
-        f"{ledger['inputs']['samples']} samples; the largest shard takes {human_bytes(largest)} of a "
-        f"{human_bytes(ledger['budget_bytes'])} budget"
+        f"{ledger['inputs']['samples']} samples; the largest shard takes {human_bytes(largest)} (with the "
+        f"directory) of a {human_bytes(ledger['budget_bytes'])} budget"
     )
     return {
         "changed": created,
@@ -656,8 +678,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         raise RollingError(
             f"round {args.round + 1}'s features take {human_bytes(held)} on disk ({held} B), over the "
             f"budget of {human_bytes(budget)} ({budget} B) they were planned for; this is a bug in the "
-            f"estimate per file ({ledger['file_overhead_bytes']} B of overhead, {ledger['block_bytes']} B "
-            "blocks): report it, "
+            f"estimate ({ledger['file_overhead_bytes']} B of overhead per file, {ledger['block_bytes']} B "
+            f"blocks, {ledger.get('reserved_bytes', 0)} B for the directory): report it, "
             "and lower drafter_training_hidden_states_max_bytes meanwhile"
         )
     record = ledger["records"].get(str(args.round), {})
