@@ -18,12 +18,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 wheels=${2:-.cache/gpu-train-wheels}
+# shellcheck source=bench/gpu_venv.sh
+. bench/gpu_venv.sh
 if [ "$mode" = download ]; then
-  exec bench/gpu_train_smoke.sh download "$wheels"
+  gpu_wheels_download "$wheels"
+  exit 0
 fi
-pins=(specforge==0.2.0 transformers==5.24.0 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2
-      tokenizers==0.23.3 hf-xet==1.8.0 typer==0.29.2 pydantic==2.14.4 pydantic_core==2.50.5
-      annotated-types==0.8.0 typing-inspection==0.4.5)
 device=${DEVICE:-cuda}
 if [ "$device" = cuda ]; then
   command -v nvidia-smi >/dev/null || { echo "gpu_rolling_check: no nvidia-smi: this needs an NVIDIA GPU" >&2; exit 2; }
@@ -31,15 +31,7 @@ if [ "$device" = cuda ]; then
 fi
 work=$(mktemp -d /tmp/regen-gpu-rolling.XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-if [ -n "${TRAIN_PYTHON:-}" ]; then
-  py=$TRAIN_PYTHON
-else
-  PY=${PYTHON:-python3}
-  venv=/tmp/regen-gpu-train-venv
-  [ -x "$venv/bin/python" ] || "$PY" -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheels" --no-deps "${pins[@]}"
-  py=$venv/bin/python
-fi
+py=$(GPU_TRAIN_VENV=/tmp/regen-gpu-train-venv gpu_train_python "$wheels")
 export PYTHONPATH=$PWD/src
 model=$work/model
 "$py" -m regen.demo.build --output "$model" --cache-dir "$PWD/.cache/demo-models" >/dev/null

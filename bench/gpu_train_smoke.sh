@@ -23,18 +23,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 wheels=${2:-.cache/gpu-train-wheels}
-# The wheels the GPU image lacks or has at other versions (versions of requirements/controller.lock).
-pins=(specforge==0.2.0 transformers==5.24.0 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2
-      tokenizers==0.23.3 hf-xet==1.8.0 typer==0.29.2 pydantic==2.14.4 pydantic_core==2.50.5
-      annotated-types==0.8.0 typing-inspection==0.4.5 truststore==0.10.5 click==8.5.1 idna==3.20
-      anyio==4.16.0 h11==0.16.0)
+# shellcheck source=bench/gpu_venv.sh
+. bench/gpu_venv.sh
 
 if [ "$mode" = download ]; then
-  # The GPU image's python is 3.12 on x86_64; binary wheels are fetched for that.
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    -d "$wheels" "${pins[@]}"
-  du -sh "$wheels"
+  gpu_wheels_download "$wheels"
   exit 0
 fi
 
@@ -45,30 +38,7 @@ if [ "$device" = cuda ]; then
 fi
 work=$(mktemp -d /tmp/regen-gpu-smoke.XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-if [ -n "${TRAIN_PYTHON:-}" ]; then
-  py=$TRAIN_PYTHON
-else
-  PY=${PYTHON:-python3}
-  "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no GPU")'
-  venv=.cache/gpu-train-venv
-  if [ ! -x "$venv/bin/python" ]; then
-    "$PY" -m venv --system-site-packages "$venv"
-    # --system-site-packages reaches the base interpreter's packages only: where PYTHON is itself a venv
-    # (GPU images ship their CUDA torch in one), a .pth file adds that venv's site directories (their own
-    # .pth files included) after the new venv's own, so the pinned wheels installed here win.
-    parent=$("$PY" -c 'import sys, sysconfig; p = sysconfig.get_paths()
-dirs = sorted({p["purelib"], p["platlib"]}) if sys.prefix != sys.base_prefix else []
-print("; ".join(["import site"] + [f"site.addsitedir({d!r})" for d in dirs]) if dirs else "")')
-    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    [ -z "$parent" ] || echo "$parent" >"$site/regen-parent-venv.pth"
-  fi
-  if [ -d "$wheels" ]; then
-    "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheels" --no-deps "${pins[@]}"
-  else
-    "$venv/bin/python" -m pip install --quiet --no-deps "${pins[@]}"
-  fi
-  py=$venv/bin/python
-fi
+py=$(gpu_train_python "$wheels")
 export PYTHONPATH=$PWD/src
 model=${MODEL:-$work/model}
 [ -n "${MODEL:-}" ] || "$py" -m regen.demo.build --output "$model" --cache-dir "$PWD/.cache/demo-models" >/dev/null
