@@ -1,6 +1,7 @@
 """Benchmark batched hidden-state capture against its peer: the same job capturing one sample per forward.
 
     python bench/bench_capture.py [--samples N] [--batch-tokens 16384] [--min-ratio 1.0] [--model DIR]
+        [--device cuda]
 
 Measured in one run, on the demo target (or --model), through `python -m regen.training.capture`'s own
 `main` in this process, on the same tokenized samples (demo-corpus chats of 32 to 512 tokens):
@@ -73,6 +74,7 @@ def main() -> int:
     parser.add_argument("--batch-tokens", type=int, default=16384)
     parser.add_argument("--min-ratio", type=float, default=1.0)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU smoke script passes cuda)")
     args = parser.parse_args()
     import torch
 
@@ -84,7 +86,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="regen-bench-capture-") as tmp:
         work = Path(tmp)
         total = tokenized(work / "tok", args.samples, text["vocab_size"])
-        base = ["--data", str(work / "tok"), "--model", str(model), "--layers", layers, "--device", "cpu"]
+        base = ["--data", str(work / "tok"), "--model", str(model), "--layers", layers]
+        base += ["--device", args.device]
         # Warm-up: load the model once so neither run pays for the first import and page-in.
         timed_capture([*base, "--output", str(work / "warm"), "--max-samples", "2"])
         one, one_s = timed_capture([*base, "--output", str(work / "one"), "--batch-tokens", "0"])
@@ -101,6 +104,7 @@ def main() -> int:
     print(
         json.dumps(
             {
+                "device": args.device,
                 "samples": args.samples,
                 "tokens": total,
                 "one_per_forward": {"forwards": one["forwards"], "seconds": round(one_s, 2),

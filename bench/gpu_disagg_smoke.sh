@@ -3,11 +3,11 @@
 # SpecForge 0.2.0's producer + consumer for a few optimizer steps on the demo model; prints what streamed,
 # the consumer's steps/s and the capture server's peak GPU memory.
 #
-#   bench/gpu_disagg_smoke.sh download [WHEELS]   # on a machine with PyPI: fetch the wheels (~75 MiB)
+#   bench/gpu_disagg_smoke.sh download [WHEELS]   # on a machine with PyPI: fetch the wheels (~70 MiB)
 #   bench/gpu_disagg_smoke.sh run [WHEELS]        # on the GPU machine (offline is fine)
 #
-# `run` builds the training venv from those wheels (pip --no-index) the way bench/gpu_train_smoke.sh does
-# (layered on the machine's own CUDA torch with --system-site-packages) plus the plain build of Mooncake's
+# `run` builds the training venv from those wheels (pip --no-index) with bench/gpu_venv.sh, as
+# bench/gpu_train_smoke.sh does (layered on the machine's own CUDA torch), plus the plain build of Mooncake's
 # transfer engine (SpecForge 0.2.0 moves features in host memory: the consumer's receive tensors are CPU
 # tensors, the capture sink copies to the CPU first, so no CUDA build is needed), builds the demo model,
 # tokenizes a few dozen demo chats, then starts, on loopback:
@@ -30,18 +30,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 wheels=${2:-.cache/gpu-disagg-wheels}
-# gpu_train_smoke.sh's pins (versions of requirements/controller.lock) plus Mooncake's plain build and what
-# its metadata server imports (envs/mooncake.lock).
-pins=(specforge==0.2.0 transformers==5.24.0 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2
-      tokenizers==0.23.3 hf-xet==1.8.0 typer==0.29.2 pydantic==2.14.4 pydantic_core==2.50.5
-      annotated-types==0.8.0 typing-inspection==0.4.5
-      mooncake-transfer-engine-non-cuda==0.3.13.post1 msgpack==1.2.4 aiohttp==3.14.5 aiohappyeyeballs==2.7.1
-      aiosignal==1.4.0 frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1)
+# shellcheck source=bench/gpu_venv.sh
+. bench/gpu_venv.sh
+# Beyond the training pins (bench/gpu_venv.sh): the plain build of Mooncake's transfer engine. The GPU image
+# already has what its metadata server imports (aiohttp, msgpack; probed on the image: Python 3.12.3, torch
+# 2.11.0+cu130, no mooncake, sglang, pydantic or datasets).
+DISAGG_PINS=(mooncake-transfer-engine-non-cuda==0.3.13.post1)
 
 if [ "$mode" = download ]; then
+  gpu_wheels_download "$wheels"
   python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    -d "$wheels" "${pins[@]}"
+    --platform manylinux_2_28_x86_64 -d "$wheels" "${DISAGG_PINS[@]}"
   du -sh "$wheels"
   exit 0
 fi
@@ -60,21 +59,13 @@ cleanup() {
   [ -n "${KEEP:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
-if [ -n "${TRAIN_PYTHON:-}" ]; then
-  py=$TRAIN_PYTHON
-else
-  PY=${PYTHON:-python3}
-  if [ "$device" = cuda ]; then
-    "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no GPU")'
-  fi
-  venv=.cache/gpu-disagg-venv
-  [ -x "$venv/bin/python" ] || "$PY" -m venv --system-site-packages "$venv"
+py=$(GPU_TRAIN_VENV=${GPU_TRAIN_VENV:-.cache/gpu-disagg-venv} gpu_train_python "$wheels")
+if [ -z "${TRAIN_PYTHON:-}" ]; then
   if [ -d "$wheels" ]; then
-    "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheels" --no-deps "${pins[@]}"
+    "$py" -m pip install --quiet --no-index --find-links "$wheels" --no-deps "${DISAGG_PINS[@]}"
   else
-    "$venv/bin/python" -m pip install --quiet --no-deps "${pins[@]}"
+    "$py" -m pip install --quiet --no-deps "${DISAGG_PINS[@]}"
   fi
-  py=$venv/bin/python
 fi
 "$py" -c 'import mooncake.store, specforge' || { echo "gpu_disagg_smoke: $py lacks mooncake or specforge" >&2; exit 2; }
 export PYTHONPATH=$PWD/src

@@ -8,26 +8,26 @@
 # `run` builds the training venv from those wheels (pip --no-index), layered on the machine's own CUDA
 # torch (--system-site-packages: SpecForge pins torch 2.11.0, which GPU images ship), builds the demo
 # model, tokenizes a few dozen demo chats, captures the hidden states on the GPU (regen.training.capture,
-# hf backend), and runs STEPS optimizer steps through SpecForge's own trainer in-process. Knobs (env):
-# STEPS (default 20), SAMPLES (64), SEQ (512 tokens), ATTN (flex_attention), PYTHON (python3), MODEL (a
-# model directory instead of the demo). TRAIN_PYTHON=<python with SpecForge> skips building the venv, and
-# DEVICE=cpu (with ATTN=sdpa) dry-runs the whole script on a machine without a GPU: that checks the
-# script, it measures nothing worth reporting.
+# hf backend), and runs STEPS optimizer steps through SpecForge's own trainer in-process. Then it evaluates
+# a drafter on the same device with regen's reference decoder (`regen.jobs.evaluate --device`): acceptance
+# length and tokens/s of speculative against plain greedy decoding, every output checked against greedy.
+# Knobs (env): STEPS (default 20), SAMPLES (64), SEQ (512 tokens), ATTN (flex_attention), PYTHON (python3),
+# MODEL (a model directory instead of the demo). EVAL=0 skips the evaluation; EVAL_CHECKPOINT (an exported
+# drafter, e.g. the demo pipeline's `.work/drafter/runs/<run>/export`, with MODEL its target) and
+# EVAL_PROMPTS (default: the built-in demo prompts) evaluate a drafter of your own instead of the one this
+# run just trained (20 steps on random text: its acceptance stays near 1); EVAL_ARGS adds evaluate flags.
+# REPORT_DIR receives the training log and the evaluation report. TRAIN_PYTHON=<python with SpecForge>
+# skips building the venv, and DEVICE=cpu (with ATTN=sdpa) dry-runs the whole script on a machine without a
+# GPU: that checks the script, it measures nothing worth reporting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 wheels=${2:-.cache/gpu-train-wheels}
-# The wheels the GPU image lacks or has at other versions (versions of requirements/controller.lock).
-pins=(specforge==0.2.0 transformers==5.24.0 huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2
-      tokenizers==0.23.3 hf-xet==1.8.0 typer==0.29.2 pydantic==2.14.4 pydantic_core==2.50.5
-      annotated-types==0.8.0 typing-inspection==0.4.5)
+# shellcheck source=bench/gpu_venv.sh
+. bench/gpu_venv.sh
 
 if [ "$mode" = download ]; then
-  # The GPU image's python is 3.12 on x86_64; binary wheels are fetched for that.
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PY_VERSION:-3.12}" \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    -d "$wheels" "${pins[@]}"
-  du -sh "$wheels"
+  gpu_wheels_download "$wheels"
   exit 0
 fi
 
@@ -38,20 +38,7 @@ if [ "$device" = cuda ]; then
 fi
 work=$(mktemp -d /tmp/regen-gpu-smoke.XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-if [ -n "${TRAIN_PYTHON:-}" ]; then
-  py=$TRAIN_PYTHON
-else
-  PY=${PYTHON:-python3}
-  "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no GPU")'
-  venv=.cache/gpu-train-venv
-  [ -x "$venv/bin/python" ] || "$PY" -m venv --system-site-packages "$venv"
-  if [ -d "$wheels" ]; then
-    "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheels" --no-deps "${pins[@]}"
-  else
-    "$venv/bin/python" -m pip install --quiet --no-deps "${pins[@]}"
-  fi
-  py=$venv/bin/python
-fi
+py=$(gpu_train_python "$wheels")
 export PYTHONPATH=$PWD/src
 model=${MODEL:-$work/model}
 [ -n "${MODEL:-}" ] || "$py" -m regen.demo.build --output "$model" --cache-dir "$PWD/.cache/demo-models" >/dev/null
@@ -134,4 +121,35 @@ print(f"gpu_train_smoke: {len(times)} DFlash steps on {smoke['gpu']}: "
       f"{1 / statistics.mean(steady):.2f} steps/s steady (mean of {len(steady)}), "
       f"peak GPU memory {smoke['peak_gpu_mib']} MiB, wall {smoke['wall_s']} s, exit {smoke['exit']}")
 sys.exit(0 if smoke["exit"] == 0 and times else 1)
+EOF
+[ -z "${REPORT_DIR:-}" ] || { mkdir -p "$REPORT_DIR"; cp "$work/train.log" "$REPORT_DIR/train.log"; }
+
+[ "${EVAL:-1}" != 0 ] || exit 0
+specforge() { "$py" -c 'import sys; from specforge.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+checkpoint=${EVAL_CHECKPOINT:-}
+if [ -z "$checkpoint" ]; then
+  # The drafter this run trained, exported as the train stage exports it (SpecForge's HF layout).
+  latest=$("$py" -m regen.training.checkpoints --output-dir "$work/out" --run-id gpu-smoke |
+           "$py" -c 'import json, sys; print(json.load(sys.stdin)["latest"]["path"])')
+  specforge export --to hf --checkpoint "$latest" --draft-config "$work/draft.json" \
+    --output-dir "$work/export" >/dev/null
+  checkpoint=$work/export
+fi
+# EVAL_ARGS carries several flags: its word splitting is wanted.
+# shellcheck disable=SC2086
+"$py" -m regen.jobs.evaluate --target-model "$model" --checkpoint "$checkpoint" \
+  --prompts "${EVAL_PROMPTS:-src/regen/data/demo_prompts.jsonl}" --output-dir "$work/eval" \
+  --device "$device" --training-steps 0 ${EVAL_ARGS:-} >"$work/eval.out" 2>"$work/eval.log" ||
+  { tail -20 "$work/eval.log" >&2; exit 1; }
+[ -z "${REPORT_DIR:-}" ] || cp "$work/eval/report.json" "$work/eval/report.md" "$work/eval/results.jsonl" "$REPORT_DIR/"
+"$py" - "$work/eval/report.json" <<'EOF'
+import json, sys
+
+from regen.evaluate.report import headline
+
+report = json.load(open(sys.argv[1]))
+speedup = report.get("speedup") or {}
+print(f"gpu_train_smoke: evaluation on {report['settings']['device']}: {headline(report)}; plain "
+      f"{speedup.get('plain_tokens_per_s')} tokens/s, speculative {speedup.get('spec_tokens_per_s')} tokens/s")
+sys.exit(0 if report["lossless"] else 1)
 EOF

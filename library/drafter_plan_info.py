@@ -12,7 +12,8 @@ description:
     C(dflash_config.target_layer_ids), C(mask_token_id), C(block_size)) from the facts that the
     introspect stage produced and the target's own C(config.json), as SpecForge 0.2.0 derives them.
   - Sizes the hidden-state capture (bytes per token, bytes on disk, free space where the features go)
-    and chooses offline capture or online streaming.
+    and chooses offline capture, online streaming or rolling offline (shards that fit the disk budget,
+    trained one after another as one SpecForge run with a fixed step horizon).
   - Works out the optimizer-step horizon, the trainer topology (node rank per host in inventory order),
     the target's embedding and LM-head tensor names, and a run id that changes whenever the recipe does.
   - Only reads; safe in check mode. Standard library only (logic in module_utils/regen_drafter.py).
@@ -60,9 +61,16 @@ options:
     type: path
     required: true
   max_fill:
-    description: Largest fraction of the free space offline features may take.
+    description:
+      - Largest fraction of the free space offline features may take (features already captured for this
+        data count as free).
     type: float
     default: 0.85
+  hidden_states_max_bytes:
+    description:
+      - At most this many bytes of features on disk (null - only O(max_fill) of the free space); the disk
+        budget of offline capture and of each rolling shard.
+    type: int
   samples:
     description: Training samples (after SpecForge's filters).
     type: int
@@ -239,7 +247,9 @@ sglang_args:
   returned: success
   type: list
 paths:
-  description: run_dir, draft_config, run_config, output_dir, hidden_states, prompts, export, status, log.
+  description:
+    - run_dir, draft_config, run_config, output_dir, hidden_states (C(rolling-<id>) for a rolling run),
+      rolling_ledger, prompts, export, status, log.
   returned: success
   type: dict
 run_config:
@@ -249,8 +259,8 @@ run_config:
 training_topology:
   description:
     - C(mode) (offline, online or rolling), C(reason), C(arithmetic) (lines an operator can check),
-      C(rounds) and C(shard_samples) (rolling), C(capture_servers), C(trainer_gpus) and
-      C(trainer_gpu_ids) (online), C(trainer_gpu_bytes).
+      C(rounds) and C(shard_samples) (rolling, an estimate), C(capture_servers), C(trainer_gpus) and
+      C(trainer_gpu_ids) (online), C(trainer_gpu_bytes), C(disk_budget_bytes).
   returned: success
   type: dict
 online:
@@ -411,7 +421,16 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
     return block, settings
 
 
-def _training_topology(p, states, config):
+def _held_bytes(path):
+    """Bytes the files directly in `path` take on disk (0 when it does not exist)."""
+    try:
+        with os.scandir(path) as entries:
+            return sum(e.stat(follow_symlinks=False).st_blocks * 512 for e in entries if e.is_file())
+    except OSError:
+        return 0
+
+
+def _training_topology(p, states, config, world, steps):
     """Offline, online or rolling (regen_training_topology.plan_topology) from the inventory and the facts."""
     requested = p["training_topology"] or p["hidden_states"]
     if requested in ("online", "auto") and (p["online"] or {}).get("server_urls"):
@@ -427,11 +446,10 @@ def _training_topology(p, states, config):
     need = None
     if count:
         need = int(serving.get("tp_size") or 1) * int(serving.get("pp_size") or 1)
-    free = states.get("free_bytes")
     return plan_topology(
         requested,
         states["required_bytes"],
-        None if free is None else int(free * p["max_fill"]),
+        states["budget_bytes"],
         p["samples"],
         capture_gpus_needed=need,
         capture_hosts=[{"name": h, "gpus": count, "gpu_memory_bytes": memory} for h in p["capture_hosts"]],
@@ -442,6 +460,8 @@ def _training_topology(p, states, config):
         draft_config=config,
         max_length=p["max_length"],
         batch_size=p["batch_size"],
+        samples_per_step=p["batch_size"] * p["accumulation_steps"] * world,
+        total_steps=steps,
     )
 
 
@@ -476,6 +496,7 @@ def main():
             hidden_states=dict(type="str", default="auto", choices=["auto", "offline", "online"]),
             hidden_states_dir=dict(type="path", required=True),
             max_fill=dict(type="float", default=0.85),
+            hidden_states_max_bytes=dict(type="int"),
             samples=dict(type="int", default=0),
             tokens=dict(type="int", default=0),
             data_fingerprint=dict(type="str", default=""),
@@ -517,45 +538,68 @@ def main():
             head_dim=p["head_dim"],
             num_key_value_heads=p["num_key_value_heads"],
         )
+        ids = config["dflash_config"]["target_layer_ids"]
+        # Features are captured once per (model, layers, dtype, length, data) into layers-<capture id>; a
+        # rolling run keeps its shard in rolling-<capture id>. What they already hold counts as free: the
+        # budget is the disk the features may take, and features on disk are part of it.
+        capture_id = config_digest(
+            {
+                "model": os.path.abspath(p["model_path"]),
+                "layers": ids,
+                "dtype": "bfloat16",
+                "max_length": p["max_length"],
+                "data": p["data_fingerprint"],
+            }
+        )[:12]
+        feature_dirs = {
+            mode: os.path.join(p["hidden_states_dir"], prefix + capture_id)
+            for mode, prefix in (("offline", "layers-"), ("rolling", "rolling-"))
+        }
+        free = _free_bytes(p["hidden_states_dir"])
+        if free is not None:
+            free += sum(_held_bytes(path) for path in feature_dirs.values())
         states = plan_hidden_states(
             p["hidden_states"],
             p["tokens"],
             config["hidden_size"],
-            len(config["dflash_config"]["target_layer_ids"]),
-            _free_bytes(p["hidden_states_dir"]),
+            len(ids),
+            free,
             max_fill=p["max_fill"],
+            max_bytes=p["hidden_states_max_bytes"],
         )
-        placement = _training_topology(p, states, config)
-        if placement["mode"] == "offline" and states["mode"] != "offline":
-            states = dict(states, mode="offline", reason=placement["reason"])
-        elif placement["mode"] == "online":
-            states = dict(states, mode="online", reason=placement["reason"])
-        gpus_per_host = p["gpus_per_host"]
-        trainer_ids = (placement.get("trainer_gpu_ids") or {}).get(p["host"])
-        if placement["mode"] == "online" and trainer_ids:
-            # A capture server on this host holds its first GPUs: the trainer ranks get the others.
-            gpus_per_host = len(trainer_ids)
-        topology = trainer_topology(p["hosts"], p["host"], gpus_per_host, p["master_port"])
+        topology = trainer_topology(p["hosts"], p["host"], p["gpus_per_host"], p["master_port"])
         world = topology["nnodes"] * topology["nproc_per_node"]
         steps = None
-        if p["samples"] and placement["mode"] == "online":
-            steps = online_total_steps(
-                p["samples"], p["epochs"], world, p["batch_size"], p["accumulation_steps"], p["max_steps"]
-            )
-        elif p["samples"]:
+        if p["samples"]:
             steps = total_steps(
                 p["samples"], p["batch_size"], world, p["accumulation_steps"], p["epochs"], p["max_steps"]
             )
+        placement = _training_topology(p, states, config, world, steps)
+        if placement["mode"] in ("offline", "rolling") and states["mode"] != "offline":
+            # The topology keeps the features on disk after all (rolling: a shard at a time); the hidden-state
+            # plan's "online streaming chosen" warning no longer applies.
+            states = dict(states, mode="offline", reason=placement["reason"], warnings=[])
+        elif placement["mode"] == "online":
+            states = dict(states, mode="online", reason=placement["reason"])
+            trainer_ids = (placement.get("trainer_gpu_ids") or {}).get(p["host"])
+            if trainer_ids:
+                # A capture server on this host holds its first GPUs: the trainer ranks get the others.
+                topology = trainer_topology(p["hosts"], p["host"], len(trainer_ids), p["master_port"])
+                world = topology["nnodes"] * topology["nproc_per_node"]
+            if p["samples"]:
+                # Only whole global optimizer windows are dispatched online.
+                steps = online_total_steps(
+                    p["samples"], p["epochs"], world, p["batch_size"], p["accumulation_steps"], p["max_steps"]
+                )
+        if placement["mode"] == "rolling" and topology["nnodes"] > 1:
+            raise TopologyError(
+                "rolling offline trains on one host, whose GPUs take turns between the target and the "
+                f"trainer; regen_train has {topology['nnodes']} hosts ({', '.join(p['hosts'])}): train "
+                "offline or online across them, or rolling on one (limit the play to it)"
+            )
     except (DrafterPlanError, TopologyError, DisaggPlanError) as exc:
         module.fail_json(msg=str(exc))
-    if placement["mode"] == "rolling":
-        module.fail_json(
-            msg="rolling offline training is planned ({}; {}) but the train stage does not run rolling "
-            "rounds yet: give the run a capture server of its own (a host in group regen_capture, or "
-            "drafter_training_online_server_urls) for online training, or fewer samples so that the hidden "
-            "states fit the disk".format(placement["reason"], "; ".join(placement["arithmetic"])),
-            training_topology=placement,
-        )
+    rolling = placement["mode"] == "rolling"
     found_embedding, found_head = embedding_and_head_keys(keys)
     embedding_key = p["embedding_key"] or found_embedding
     lm_head_key = p["lm_head_key"] or found_head
@@ -571,7 +615,6 @@ def main():
     for warning in warnings + states["warnings"]:
         module.warn(warning)
     recipe = {k: v for k, v in p["recipe"].items() if v is not None}
-    ids = config["dflash_config"]["target_layer_ids"]
     identity = {
         "draft_config": config,
         "data": p["data_fingerprint"],
@@ -584,16 +627,11 @@ def main():
         "extra": p["extra_config"],
         "keys": [embedding_key, lm_head_key],
     }
+    if rolling:
+        # Another feature directory and a fixed step horizon in the run config: another run. (Only added
+        # here, so the ids of offline and online runs stay what they were.)
+        identity["topology"] = "rolling"
     run_id = "{}-{}".format(p["run_prefix"], config_digest(identity)[:12])
-    capture_id = config_digest(
-        {
-            "model": os.path.abspath(p["model_path"]),
-            "layers": ids,
-            "dtype": "bfloat16",
-            "max_length": p["max_length"],
-            "data": p["data_fingerprint"],
-        }
-    )[:12]
     run_dir = os.path.join(p["work_dir"], "runs", run_id)
     paths = {
         "run_dir": run_dir,
@@ -602,7 +640,8 @@ def main():
         "run_config": os.path.join(run_dir, "run.yaml"),
         "plan": os.path.join(run_dir, "plan.json"),
         "output_dir": os.path.join(run_dir, "checkpoints"),
-        "hidden_states": os.path.join(p["hidden_states_dir"], "layers-" + capture_id),
+        "hidden_states": feature_dirs["rolling" if rolling else "offline"],
+        "rolling_ledger": os.path.join(run_dir, "rolling", "ledger.json"),
         "prompts": os.path.join(run_dir, "prompts.jsonl"),
         "export": os.path.join(run_dir, "export"),
         "status": os.path.join(run_dir, "status.json"),
@@ -647,6 +686,9 @@ def main():
                 batch_size=p["batch_size"],
                 accumulation_steps=p["accumulation_steps"],
                 max_steps=p["max_steps"],
+                # Rolling: the horizon of the whole run (SpecForge's LR schedule and the step count its
+                # resume checks), so each round's `training.max_steps=<its last step>` is only a stop.
+                total_steps=steps if rolling else None,
             ),
             report_to=p["report_to"],
             dataloader_num_workers=p["dataloader_num_workers"],

@@ -41,6 +41,9 @@ DEFAULT_MAX_KV_HEADS = 8
 HIDDEN_STATE_DTYPES = ("bfloat16", "float16", "float32")
 # Every offline feature file also stores input_ids and loss_mask as int64 tensors.
 FEATURE_INDEX_BYTES_PER_TOKEN = 16
+# What torch.save's container adds to one feature file (measured 2.0-2.2 KiB): the allowance the rolling
+# executor counts per file (regen.training.rolling.FILE_OVERHEAD_BYTES; a unit test keeps them equal).
+FEATURE_FILE_OVERHEAD_BYTES = 4096
 HIDDEN_STATE_MODES = ("auto", "offline", "online")
 
 # SpecForge's template when the family has none registered (the model family's name comes from the
@@ -389,15 +392,33 @@ def human_bytes(value):
     return f"{int(value)} B"
 
 
+def disk_budget(free_bytes, max_fill=0.85, max_bytes=None):
+    """Bytes the hidden states may take: `max_fill` of the free space, at most `max_bytes` when set (None:
+    unknown free space and no cap)."""
+    budget = None if free_bytes is None else int(max(0, int(free_bytes)) * float(max_fill))
+    if max_bytes is not None:
+        budget = int(max_bytes) if budget is None else min(budget, int(max_bytes))
+    return budget
+
+
 def plan_hidden_states(
-    requested, tokens, hidden_size, num_layers, free_bytes, dtype="bfloat16", max_fill=0.85, warn_fill=0.5
+    requested,
+    tokens,
+    hidden_size,
+    num_layers,
+    free_bytes,
+    dtype="bfloat16",
+    max_fill=0.85,
+    warn_fill=0.5,
+    max_bytes=None,
 ):
     """Offline capture or online streaming, from the disk the captured features would take.
 
-    `requested` is auto|offline|online. `auto` captures offline when the features fit within `max_fill`
-    of the free space, else streams online. An explicit `offline` that would fill the disk past
-    `max_fill` is refused before anything is written; one that uses more than `warn_fill` warns.
-    Returns a dict with the arithmetic spelled out, the chosen mode, the reason and any warnings.
+    `requested` is auto|offline|online. `auto` captures offline when the features fit the budget
+    (`max_fill` of the free space, and at most `max_bytes` when set), else streams online. An explicit
+    `offline` that would not fit is refused before anything is written; one that uses more than
+    `warn_fill` of the free space warns. Returns a dict with the arithmetic spelled out, the chosen mode,
+    the reason, the budget and any warnings.
     """
     if requested not in HIDDEN_STATE_MODES:
         raise DrafterPlanError(
@@ -410,7 +431,9 @@ def plan_hidden_states(
     tokens = max(0, int(tokens or 0))
     required = tokens * file_per_token
     free = None if free_bytes is None else max(0, int(free_bytes))
-    fits = free is None or required <= free * max_fill
+    budget = disk_budget(free, max_fill, max_bytes)
+    fits = budget is None or required <= budget
+    capped = max_bytes is not None and (free is None or int(max_bytes) < free * max_fill)
     arithmetic = (
         f"{num_layers} layers x {hidden_size} hidden x {DTYPE_BYTES[dtype]} B ({dtype}) = {per_token} "
         "B/token "
@@ -421,12 +444,17 @@ def plan_hidden_states(
         mode, reason = "online", "online streaming requested in inventory: nothing is written to disk"
     elif requested == "offline" or fits:
         if not fits:
+            limit = (
+                f"drafter_training_hidden_states_max_bytes allows {human_bytes(budget)}"
+                if capped
+                else f"the disk holding the hidden states has {human_bytes(free)} free (at most "
+                f"{int(max_fill * 100)}% may be filled)"
+            )
             raise DrafterPlanError(
-                f"offline capture needs {human_bytes(required)} but the disk holding the hidden states has "
-                f"{human_bytes(free)} free (at most {int(max_fill * 100)}% may be filled): {arithmetic}. "
-                "Free "
+                f"offline capture needs {human_bytes(required)} but {limit}: {arithmetic}. Free "
                 "space, point drafter_training_hidden_states_dir at a larger disk, train on "
-                "fewer tokens, or set drafter_training_hidden_states: online"
+                "fewer tokens, set drafter_training_hidden_states: online, or "
+                "drafter_training_topology: rolling"
             )
         mode = "offline"
         reason = "offline capture {}: {} fits in {} free".format(
@@ -442,9 +470,10 @@ def plan_hidden_states(
             )
     else:
         mode = "online"
-        reason = (
-            f"online streaming chosen: offline features would need {human_bytes(required)} but only "
-            f"{human_bytes(free)} is free"
+        reason = f"online streaming chosen: offline features would need {human_bytes(required)} but " + (
+            f"drafter_training_hidden_states_max_bytes allows {human_bytes(budget)}"
+            if capped
+            else f"only {human_bytes(free)} is free"
         )
         warnings.append(reason + "; online needs a capture server on GPUs the trainer does not use")
     return {
@@ -457,6 +486,7 @@ def plan_hidden_states(
         "tokens": tokens,
         "required_bytes": required,
         "free_bytes": free,
+        "budget_bytes": budget,
         "fits": fits,
         "arithmetic": arithmetic,
         "warnings": warnings,
@@ -469,10 +499,12 @@ def plan_hidden_states(
 
 
 def total_steps(num_samples, batch_size, world_size=1, accumulation_steps=1, num_epochs=1, max_steps=None):
-    """Optimizer steps SpecForge will run for an offline dataset (its schedule.resolve_total_steps)."""
+    """Optimizer steps SpecForge will run for an offline dataset (its schedule.resolve_total_steps over
+    the samples one rank gets: `launch._shard_offline_refs` pads the data, as DistributedSampler does, to a
+    multiple of the ranks, so each rank has ceil(samples / ranks))."""
     if max_steps:
         return int(max_steps)
-    per_rank = int(num_samples) // max(1, int(world_size))
+    per_rank = -(-int(num_samples) // max(1, int(world_size)))
     steps = (per_rank // max(1, int(batch_size))) * int(num_epochs) // max(1, int(accumulation_steps))
     if steps < 1:
         raise DrafterPlanError(

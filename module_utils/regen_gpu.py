@@ -163,9 +163,14 @@ def parse_query_details(text):
     return gpus, driver, cuda, int(attached.group(1)) if attached else None
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def parse_topology(text):
     """`nvidia-smi topo -m` -> {matrix, kind: nvlink|pcie|mixed|single, links}."""
-    lines = text.splitlines()
+    # nvidia-smi underlines the header with terminal escapes even when its output is a pipe or a file
+    # (recorded on a driver 580 H200: "\x1b[4mGPU0\tCPU Affinity...\x1b[0m"); they are not part of a cell.
+    lines = ANSI_ESCAPE.sub("", text).splitlines()
     header = None
     for number, line in enumerate(lines):
         tokens = line.split()

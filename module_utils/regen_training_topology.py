@@ -1,7 +1,7 @@
 """Where the drafter's hidden states come from and where it trains: offline, online, rolling, or a refusal.
 
-Standard library only, pure functions (the drafter planning module runs them on the controller; the unit
-tests call them directly). Every choice carries its arithmetic, so an operator can check it by hand:
+Standard library only, pure functions (the drafter planning module runs them on the host; the unit tests
+call them directly). Every choice carries its arithmetic, so an operator can check it by hand:
 
 - **offline**: capture every sample's hidden states to disk once, then train on them (SpecForge's
   `local_colocated`). Chosen when the features fit the disk budget.
@@ -14,7 +14,9 @@ tests call them directly). Every choice carries its arithmetic, so an operator c
   the trainer.
 - **rolling** offline: one host whose GPUs cannot hold the target and the trainer at the same time (CT200:
   the target needs all eight). Serve the target, capture one shard that fits the disk budget, stop it,
-  train on the shard (resuming the same run), delete the shard, repeat until the data is used.
+  train on the shard (resuming the same run), delete the shard, repeat until the data is used. A shard
+  holds whole optimizer steps; the plan's `rounds` is an estimate from the mean sample size, and the
+  role's executor (`regen.training.rolling`) partitions the steps by each sample's own size.
 - a **refusal** that states the numbers when not even that fits.
 
 The trainer's memory per GPU follows SpecForge's FSDP ``SHARD_GRAD_OP`` on GPUs: bf16 parameters on every
@@ -25,6 +27,8 @@ embedding and LM head (frozen, bf16) on every rank; activations from the length 
 from __future__ import annotations
 
 import math
+
+from ansible.module_utils.regen_drafter import FEATURE_FILE_OVERHEAD_BYTES
 
 TOPOLOGY_MODES = ("auto", "offline", "online", "rolling")
 GIB = 1024**3
@@ -108,13 +112,16 @@ def plan_topology(
     draft_config,
     max_length,
     batch_size=1,
+    samples_per_step=1,
+    total_steps=None,
 ):
-    """The training topology: {mode, reason, arithmetic, ...} (see the module's docstring).
+    """The training topology: {mode, reason, arithmetic, disk_budget_bytes, ...} (see the module's docstring).
 
     `offline_bytes`: the whole data set's hidden states on disk; `disk_budget_bytes`: what they may take
-    (free space x the fill limit); `capture_gpus_needed`: GPUs one target instance needs (the serving
-    plan's tp x pp); hosts: [{"name", "gpus", "gpu_memory_bytes"}] of the capture group and of
-    regen_train (a host may be in both).
+    (free space x the fill limit, or a cap); `capture_gpus_needed`: GPUs one target instance needs (the
+    serving plan's tp x pp); hosts: [{"name", "gpus", "gpu_memory_bytes"}] of the capture group and of
+    regen_train (a host may be in both). `samples_per_step` (batch x accumulation x trainer ranks) and
+    `total_steps` size the rolling shards in whole optimizer steps over the run's epochs.
     """
     if requested not in TOPOLOGY_MODES:
         raise TopologyError(
@@ -169,6 +176,7 @@ def plan_topology(
             "rounds": 1,
             "shard_samples": samples,
             "trainer_gpu_bytes": single_need,
+            "disk_budget_bytes": budget,
         }
 
     def online_plan(reason):
@@ -188,6 +196,7 @@ def plan_topology(
             "trainer_gpus": online_trainer_gpus,
             "trainer_gpu_ids": trainer_ids,
             "trainer_gpu_bytes": online_need,
+            "disk_budget_bytes": budget,
         }
 
     def cpu_online_plan(reason):
@@ -210,26 +219,36 @@ def plan_topology(
         }
 
     def rolling_plan(reason):
-        shard = int(budget // per_sample) if per_sample and budget is not None else samples
-        shard = max(0, min(samples, shard))
-        if shard < 1:
+        per_step = max(1, int(samples_per_step or 1))
+        # A feature file: the sample's tensors plus torch.save's container.
+        per_file = per_sample + FEATURE_FILE_OVERHEAD_BYTES
+        # The samples the run reads in order, over every epoch: total_steps x samples per step.
+        stream = int(total_steps) * per_step if total_steps else samples
+        fit = int(budget // per_file) if budget is not None else stream
+        # A shard holds whole optimizer steps, so each round ends where a checkpoint can.
+        shard = max(0, min(stream, fit // per_step * per_step))
+        if shard < 1 and stream:
             raise TopologyError(
-                f"rolling capture cannot hold even one sample: {_gib(per_sample)} per sample against a disk "
-                f"budget of {_gib(budget or 0)}; point drafter_training_hidden_states_dir at a larger disk "
-                "or shorten the length budget"
+                f"rolling capture cannot hold even one optimizer step: its {per_step} sample(s) take "
+                f"{_gib(per_step * per_file)} against a disk budget of {_gib(budget or 0)}; point "
+                "drafter_training_hidden_states_dir at a larger disk, raise "
+                "drafter_training_hidden_states_max_bytes, use a smaller batch or shorten the length budget"
             )
-        rounds = math.ceil(samples / shard)
+        rounds = math.ceil(stream / shard) if stream else 0
         return {
             "mode": "rolling",
             "reason": reason,
             "arithmetic": [
                 *lines,
-                f"{samples} samples in shards of {shard} ({_gib(shard * per_sample)} each): {rounds} rounds",
+                f"{stream} samples read over the run ({per_step} per optimizer step) in shards of up to "
+                f"{shard} ({_gib(shard * per_file)} each): about {rounds} rounds (the executor partitions "
+                "the steps by each sample's own size)",
                 single_math,
             ],
             "rounds": rounds,
             "shard_samples": shard,
             "trainer_gpu_bytes": single_need,
+            "disk_budget_bytes": budget,
         }
 
     if requested == "offline":
@@ -270,11 +289,6 @@ def plan_topology(
             f"fits beside the trainer: {where} serve the target, {online_trainer_gpus} trainer GPU(s) "
             f"need {_gib(online_need)} each"
         )
-    if not need:
-        return cpu_online_plan(
-            f"online: the hidden states ({_gib(offline_bytes)}) exceed the disk budget ({_gib(budget or 0)}) "
-            "and there are no GPUs: the target streams them from a CPU capture server"
-        )
     if target_fits_a_host and _fits_trainer(single_need, gpu_memory):
         blocked = (
             f"the target needs {need} GPU(s) and the trainer {_gib(single_need)} per GPU, and no host has "
@@ -288,7 +302,11 @@ def plan_topology(
         "no topology fits: the hidden states "
         f"({_gib(offline_bytes)}) exceed the disk budget ({_gib(budget)}); "
         + (
-            f"no capture host has the {need} GPU(s) the target needs"
+            "the facts show no GPUs, so neither a capture server nor GPUs taking turns are planned (set "
+            "drafter_training_topology: rolling to capture and train in shards on this host, or online to "
+            "stream them from a capture server on its CPU)"
+            if not need
+            else f"no capture host has the {need} GPU(s) the target needs"
             if not target_fits_a_host
             else f"a trainer GPU needs {_gib(single_need)} and has {_gib(gpu_memory or 0)}"
         )

@@ -200,7 +200,10 @@ def test_playbook_evaluates_the_prompts_stage_held_out_split(
     assert set(report["inputs"]["prompt_ids"]) <= set(held)
 
 
-def test_gpu_profile_does_not_load_the_target_on_the_cpu(tmp_path: Path) -> None:
+def test_gpu_profile_takes_the_serving_path_and_serves_nothing_without_a_drafter(tmp_path: Path) -> None:
+    """The gpu profile evaluates through SGLang (tests/integration/test_evaluate_gpu_path.py runs that path on
+    the CT200 example); without an exported drafter it stops before it stops or serves anything, and never
+    loads the target on the CPU."""
     inventory = localhost_inventory(
         tmp_path / "inventory.yml",
         groups=("regen_train",),
@@ -213,6 +216,8 @@ def test_gpu_profile_does_not_load_the_target_on_the_cpu(tmp_path: Path) -> None
         },
     )
     run = run_playbook("playbooks/evaluate.yml", inventory=inventory, timeout=300)
-    assert run.returncode == 0, run.output[-4000:]
-    assert "drafter_evaluation_backend=sglang" in run.output and "not implemented" in run.output
+    assert run.returncode != 0
+    assert "Evaluate through SGLang, the target alone and with the drafter" in run.output
+    assert "run the train stage first" in run.output and "evaluate_checkpoint" in run.output
+    assert "sglang_server" not in run.output and "regen.jobs.evaluate " not in run.output
     assert run.counts()["changed"] == 0 and not (tmp_path / "artifacts" / "evaluate").exists()

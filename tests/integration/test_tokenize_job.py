@@ -387,7 +387,7 @@ def test_mask_token_in_data_is_dropped_and_unknown_ids_stop_the_job(demo_model_d
     ("flags", "message"),
     [
         (["--tokenizer", "/nonexistent"], "not a directory"),
-        (["--chat-template-kwargs", "{thinking"], "not JSON"),
+        (["--chat-template-kwargs", "{thinking"], "not valid JSON"),
         (["--input", "/nonexistent.jsonl"], "no such file"),
     ],
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils import regen_disagg as g
-from ansible.module_utils.regen_training_topology import plan_topology
+from ansible.module_utils.regen_training_topology import TopologyError, plan_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 KIMI_DRAFT = json.loads((ROOT / "tests" / "fixtures" / "drafter" / "golden" / "kimi-k2.6.json").read_text())
@@ -137,6 +137,7 @@ def test_hosts_without_gpus_stream_from_a_cpu_capture_server() -> None:
         {"host": "localhost", "gpus": 0, "gpu_ids": []}
     ]
     assert "CPU" in plan["arithmetic"][-1]
-    # auto still captures offline when it fits, and streams when the disk is too small.
+    # auto captures offline when it fits; online on a CPU is only what the inventory asks for.
     assert plan_topology("auto", 10**6, 10**9, 10, **args)["mode"] == "offline"
-    assert plan_topology("auto", 10**9, 10**6, 10, **args)["mode"] == "online"
+    with pytest.raises(TopologyError, match="or online to stream them from a capture server on its CPU"):
+        plan_topology("auto", 10**9, 10**6, 10, **args)

@@ -234,6 +234,14 @@ def test_hidden_state_mode_follows_the_disk() -> None:
     with pytest.raises(d.DrafterPlanError, match=r"needs 667\.7 GiB .* 500\.0 GiB free"):
         d.plan_hidden_states("offline", 10_000_000, 7168, 5, free_bytes=500 * 1024**3)
     assert d.plan_hidden_states("online", 10, 7168, 5, free_bytes=0)["mode"] == "online"
+    # A cap below the free space is the budget, and its refusal names the cap.
+    capped = d.plan_hidden_states("auto", 10_000_000, 7168, 5, free_bytes=2 * tb, max_bytes=100 * 1024**3)
+    assert capped["mode"] == "online" and capped["budget_bytes"] == 100 * 1024**3
+    assert "drafter_training_hidden_states_max_bytes allows 100.0 GiB" in capped["reason"]
+    with pytest.raises(d.DrafterPlanError, match=r"max_bytes allows 100\.0 GiB.*topology: rolling"):
+        d.plan_hidden_states("offline", 10_000_000, 7168, 5, free_bytes=2 * tb, max_bytes=100 * 1024**3)
+    assert d.disk_budget(1000, 0.5) == 500 and d.disk_budget(1000, 0.5, 300) == 300
+    assert d.disk_budget(None, 0.5) is None and d.disk_budget(None, 0.5, 300) == 300
     with pytest.raises(d.DrafterPlanError, match="choose one of auto, offline, online"):
         d.plan_hidden_states("disk", 10, 7168, 5, free_bytes=0)
 
@@ -243,8 +251,12 @@ def test_step_horizon_and_topology() -> None:
     # 1000 samples / 8 ranks = 125 each -> 62 batches of 2 -> x2 epochs = 124 -> /4 accumulation = 31.
     assert d.total_steps(1000, batch_size=2, world_size=8, accumulation_steps=4, num_epochs=2) == 31
     assert d.total_steps(8, batch_size=2, max_steps=3) == 3
+    # SpecForge pads the data to a multiple of the ranks (DistributedSampler): 3 samples on 2 ranks are 2
+    # per rank, one batch of 2 each; 1001 samples on 8 ranks are 126 each, 63 batches, 126 / 4 = 31.
+    assert d.total_steps(3, batch_size=2, world_size=2) == 1
+    assert d.total_steps(1001, batch_size=2, world_size=8, accumulation_steps=4, num_epochs=2) == 31
     with pytest.raises(d.DrafterPlanError, match="no optimizer step"):
-        d.total_steps(3, batch_size=2, world_size=2)
+        d.total_steps(1, batch_size=2, world_size=1)
     topo = d.trainer_topology(["a", "b"], "b", 8)
     assert topo == {
         "nnodes": 2,

@@ -51,6 +51,21 @@ for name, kind, path, rank in json.load(open(sys.argv[1])):
                               else check_run_config(path, rank)}
     except Exception as exc:
         out["cases"][name] = {"ok": False, "error": type(exc).__name__, "msg": str(exc)}
+# The rolling executor's view of SpecForge's offline sampler against torch's DistributedSampler, which
+# SpecForge says it reproduces (launch._shard_offline_refs): every rank, every epoch, padding included.
+from torch.utils.data import DistributedSampler
+from regen.training.rolling import sampler_orders
+out["orders"] = {}
+for size, world, seed, epochs in ((8, 1, 42, 1), (5, 2, 42, 2), (13, 4, 7, 3)):
+    theirs = []
+    for epoch in range(epochs):
+        ranks = []
+        for rank in range(world):
+            sampler = DistributedSampler(range(size), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+            sampler.set_epoch(epoch)
+            ranks.append(list(sampler))
+        theirs.append(ranks)
+    out["orders"][f"{size}/{world}/{seed}/{epochs}"] = [sampler_orders(size, world, seed, epochs), theirs]
 print(json.dumps(out))
 """
 
@@ -125,6 +140,8 @@ def specforge(tmp_path_factory: pytest.TempPathFactory) -> dict:
             },
         ),
         "run:typo": _run_config(tmp, extra={"training": {"learning_rat": 1e-4}}),
+        # A rolling run: the whole run's horizon in training.total_steps, each round's stop in max_steps.
+        "run:rolling": _run_config(tmp, gpus=8, extra={"training": {"total_steps": 400}}),
     }
     import yaml
 
@@ -211,6 +228,22 @@ def test_run_configs_pass_specforges_schema_and_launch_planner(specforge: dict) 
     argv = two["result"]["launch_plan"]["commands"][0]["argv"]
     joined = " ".join(argv)
     assert "--nnodes 2 --node_rank 1 --master_addr 10.0.0.1 --master_port 29500 --nproc_per_node 8" in joined
+
+
+def test_a_rolling_run_config_keeps_the_horizon_apart_from_the_stop(specforge: dict) -> None:
+    rolling = specforge["cases"]["run:rolling"]
+    assert rolling["ok"], rolling
+    assert rolling["result"]["launch_plan"]["kind"] != "worker"  # 8 ranks under torchrun, like run:ct200
+
+
+def test_rolling_rounds_follow_specforges_sampler(specforge: dict) -> None:
+    for case, (ours, theirs) in specforge["orders"].items():
+        assert ours == theirs, case
+    # The demo's eight samples with seed 42: the order the rolling train-stage test's rounds split.
+    assert specforge["orders"]["8/1/42/1"][0] == [[[6, 3, 0, 7, 2, 1, 4, 5]]]
+    # Five samples on two ranks: padded to six with the epoch order's first sample again.
+    for epoch in specforge["orders"]["5/2/42/2"][0]:
+        assert len(epoch[0]) == len(epoch[1]) == 3
 
 
 def test_our_offline_config_has_the_shape_of_specforges_example(specforge: dict, tmp_path: Path) -> None:

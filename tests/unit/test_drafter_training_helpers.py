@@ -393,6 +393,35 @@ def test_capture_writes_specforge_features_once(
         capture.check_manifest(out, {**json.loads((out / capture.MANIFEST).read_text()), "layers": [2]})
 
 
+def test_capture_only_fills_the_placeholders_a_round_lists(
+    tmp_path: Path, tiny_target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _tokenized(tmp_path / "tok")  # samples 0, 2 and 3 are kept (1 is dropped)
+    out = tmp_path / "hs"
+    out.mkdir()
+    for index in (0, 2, 3):  # a rolling run's placeholders: names SpecForge lists, nothing captured yet
+        capture.sample_path(out, index).touch()
+    (tmp_path / "round.json").write_text(json.dumps({"indices": [0, 3]}))
+    argv = ["--data", str(tmp_path / "tok"), "--model", str(tiny_target), "--layers", "1,3"]
+    argv += ["--output", str(out), "--device", "cpu", "--only", str(tmp_path / "round.json")]
+    assert capture.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["written"], result["samples"], result["selected"], result["skipped"]) == (2, 2, 3, 0)
+    assert [capture.sample_path(out, i).stat().st_size > 0 for i in (0, 2, 3)] == [True, False, True]
+    # The manifest still names the whole data set, so any round's capture into this directory agrees.
+    assert json.loads((out / capture.MANIFEST).read_text())["data"] == result["fingerprint"]
+    assert result["fingerprint"] == capture.count(tmp_path / "tok", 2048, None)["fingerprint"]
+    assert capture.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"] == 2
+    # A round naming a sample the data does not have (the data changed under the ledger) is refused.
+    (tmp_path / "round.json").write_text(json.dumps({"indices": [1, 3]}))
+    assert capture.main(argv) == 2
+    assert "lists 1 sample(s) the data does not have (first: 1)" in json.loads(capsys.readouterr().out)["msg"]
+    (tmp_path / "round.json").write_text("[1, 3]")
+    assert capture.main(argv) == 2
+    assert "not a JSON object with an 'indices' list" in json.loads(capsys.readouterr().out)["msg"]
+
+
 def test_batches_group_samples_by_length_within_the_token_budget() -> None:
     lengths = [5, 12, 3, 12, 7, 40]
     # Longest first; a batch's width is its first (longest) sample: 40 alone (over budget with another),

@@ -145,7 +145,7 @@ def test_turn_kinds_come_from_the_thinking_switch() -> None:
     }
     for kwargs, switch, kinds, message in (
         ("[]", "thinking", "", "must be a JSON object"),
-        ("{oops", "thinking", "", "is not JSON"),
+        ("{oops", "thinking", "", "is not valid JSON"),
         ("{}", "", "thinking", "needs --thinking-switch"),
         ("{}", "thinking", "deep", "choose from thinking, non-thinking"),
         ('{"reasoning_effort": "high"}', "reasoning_effort", "thinking", "true/false switch"),

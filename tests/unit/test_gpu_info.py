@@ -111,6 +111,37 @@ def test_versions_absent() -> None:
     assert parse_versions("no smi here") == (None, None)
 
 
+# ---- An H200 recorded on this workplace's lent GPU machine (bench/gpu_train_smoke.sh's session) ----------
+
+
+def test_h200_table_query_details_and_csv_agree() -> None:
+    gpus, driver, cuda = parse_table(_read("h200-table-driver580.txt"))
+    assert (driver, cuda) == ("580.159.04", "13.0")
+    names = [(g["index"], g["name"], g["pci_bus_id"]) for g in gpus]
+    assert names == [(0, "NVIDIA H200", "00000000:00:06.0")]
+    assert gpus[0]["memory_total_mib"] == 143771
+    assert (gpus[0]["compute_capability"], gpus[0]["architecture"]) == ("9.0", "hopper")
+    detailed, q_driver, q_cuda, attached = parse_query_details(_read("h200-q.txt"))
+    assert (q_driver, q_cuda, attached) == ("580.159.04", "13.0", 1)
+    assert [g["pci_bus_id"] for g in detailed] == ["00000000:00:06.0"]
+    csv = parse_query_csv(_read("h200-query.csv"))
+    assert [(g["name"], g["compute_capability"], g["compute_capability_source"]) for g in csv] == [
+        ("NVIDIA H200", "9.0", "nvidia-smi")
+    ]
+    assert summarize(gpus)["memory_total_bytes"] == 143771 * 1024 * 1024
+
+
+def test_single_gpu_topology_with_the_terminal_escapes_nvidia_smi_writes_to_a_file() -> None:
+    """Recorded through a pipe, the header still carries nvidia-smi's underline escapes; one GPU's matrix is
+    only its own row (`X`), so no interconnect between GPUs can be named."""
+    text = _read("h200-1gpu-topo.txt")
+    assert "\x1b[4mGPU0" in text  # the real output, escapes and all
+    topo = parse_topology(text)
+    assert topo is not None, "the escaped header was not recognised"
+    assert (topo["gpus"], topo["kind"], topo["links"]) == (1, "single", []), topo
+    assert topo["matrix"] == {"GPU0": {"GPU0": "X"}}
+
+
 class _Runner:
     """Fault-injection stub for nvidia-smi: answers recorded outputs by argv."""
 

@@ -177,6 +177,9 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
     if name == "layout_simulation_info":
         architecture = run_module("model_config_info", {"path": kimi}, capsys)["architecture"]
         return {"architecture": architecture, "gpu": KIMI_FACTS["environment"]["gpu"]}
+    if name == "evaluation_servers_info":
+        serving = {"tp_size": 8, "ep_size": 8, "attn_dp_size": 8}
+        return {"serving": serving, "checkpoint": "/d", "block_size": 16, "batch_concurrency": 16}
     if name == "sweep_layouts_info":
         return {"facts": KIMI_FACTS, "layouts": [{"name": "tp4", "tp_size": 4}]}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")

@@ -11,6 +11,8 @@ launch line by module_utils/regen_serving.py, exactly the chain the introspect a
   NCCL environment (tests/unit/test_serving_golden.py checks it) is not derived.
 * sm_100: `b200-table-driver580.txt` (8x B200, 183,359 MiB; the post was cut after GPU 1, the same
   repetition gives the eight GPUs its header names).
+* sm_90: `h200-table-driver580.txt` (one H200, 143,771 MiB, recorded on a lent GPU machine; an 8x H200
+  HGX host repeats the same record with indices 0..7).
 
 Models: Kimi K2.5 (INT4 compressed-tensors; tests/fixtures/configs has no Kimi K2.6, see its README),
 DeepSeek-V3 (FP8), dense Qwen3-8B and a dense NVFP4 checkpoint with an FP8 KV cache (llama-70b-nvfp4: the
@@ -48,6 +50,7 @@ from ansible.module_utils.regen_plan import make_plan
 GPUS = {
     "sm120": ("rtx-pro-6000-maxq-2gpu-table.txt", "12.0"),
     "sm100": ("b200-table-driver580.txt", "10.0"),
+    "sm90": ("h200-table-driver580.txt", "9.0"),
 }
 # (case, config dir, think tokens, GPU generation, GPU count, expected attention backend)
 CASES = [
@@ -59,6 +62,9 @@ CASES = [
     ("qwen3-8b-1x-sm100", "qwen3-8b", True, "sm100", 1, "trtllm_mha"),
     ("llama-70b-nvfp4-8x-sm120", "llama-70b-nvfp4", False, "sm120", 8, "flashinfer"),
     ("llama-70b-nvfp4-8x-sm100", "llama-70b-nvfp4", False, "sm100", 8, "trtllm_mha"),
+    ("kimi-k2.5-int4-8x-sm90", "kimi-k2.5", True, "sm90", 8, "fa3"),
+    ("deepseek-v3-8x-sm90", "deepseek-v3", False, "sm90", 8, "fa3"),
+    ("qwen3-8b-1x-sm90", "qwen3-8b", True, "sm90", 1, "fa3"),
 ]
 
 

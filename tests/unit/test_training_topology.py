@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.regen_drafter import hidden_state_bytes_per_token
+from ansible.module_utils.regen_drafter import FEATURE_FILE_OVERHEAD_BYTES, hidden_state_bytes_per_token
 from ansible.module_utils.regen_training_topology import (
     TopologyError,
     draft_parameters,
@@ -66,8 +66,10 @@ def test_ct200_trains_rolling() -> None:
         max_length=4096,
     )
     assert plan["mode"] == "rolling", plan
-    per_sample = offline / 100_000
-    assert plan["shard_samples"] == int(3 * TB // per_sample)
+    # A feature file is the sample's features plus torch.save's container (4 KiB counted).
+    per_file = offline / 100_000 + FEATURE_FILE_OVERHEAD_BYTES
+    assert plan["shard_samples"] == int(3 * TB // per_file)
+    assert plan["disk_budget_bytes"] == 3 * TB
     assert plan["rounds"] == -(-100_000 // plan["shard_samples"]) >= 2
     assert "no host has GPUs for both at once" in plan["reason"]
     assert any("rounds" in line for line in plan["arithmetic"])
@@ -128,9 +130,69 @@ def test_forced_modes_and_refusals_say_what_to_change() -> None:
         plan_topology("online", offline, 3 * TB, 100_000, capture_gpus_needed=8, **args)
     with pytest.raises(TopologyError, match="offline hidden states need"):
         plan_topology("offline", offline, 3 * TB, 100_000, capture_gpus_needed=8, **args)
-    with pytest.raises(TopologyError, match="cannot hold even one sample"):
+    with pytest.raises(TopologyError, match=r"cannot hold even one optimizer step: its 1 sample\(s\) take"):
         plan_topology("rolling", offline, 1000, 100_000, capture_gpus_needed=8, **args)
     with pytest.raises(TopologyError, match="no capture host has the 16 GPU"):
         plan_topology("auto", offline, 3 * TB, 100_000, capture_gpus_needed=16, **args)
+    # A CPU host (the demo) whose disk budget is too small: rolling is only planned when asked for.
+    with pytest.raises(TopologyError, match=r"facts show no GPUs.*set drafter_training_topology: rolling"):
+        plan_topology(
+            "auto",
+            offline,
+            3 * TB,
+            100_000,
+            capture_gpus_needed=None,
+            capture_hosts=[_host("localhost", 0, None)],
+            train_hosts=[_host("localhost", 0, None)],
+            draft_config=KIMI_DRAFT,
+            max_length=4096,
+        )
     with pytest.raises(TopologyError, match="choose one of auto, offline, online, rolling"):
         plan_topology("streaming", offline, 3 * TB, 100_000, capture_gpus_needed=8, **args)
+
+
+def test_rolling_shards_hold_whole_optimizer_steps_over_every_epoch() -> None:
+    # 1,000 samples of 1,000 tokens of a 64-wide, one-layer drafter's features (144 B/token in the file),
+    # batch 2 x accumulation 2 x 2 ranks = 8 samples per step; 2 epochs of 1,000 samples = 250 steps.
+    per_token = hidden_state_bytes_per_token(64, 1) + 16
+    offline = 1000 * 1000 * per_token
+    per_file = 1000 * per_token + FEATURE_FILE_OVERHEAD_BYTES
+    small = dict(
+        KIMI_DRAFT,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=4096,
+    )
+    budget = 30 * per_file + 5  # room for 30 files: 3 whole steps of 8
+    plan = plan_topology(
+        "rolling",
+        offline,
+        budget,
+        1000,
+        capture_gpus_needed=None,
+        capture_hosts=[_host("localhost", 0, None)],
+        train_hosts=[_host("localhost", 0, None)],
+        draft_config=small,
+        max_length=1000,
+        samples_per_step=8,
+        total_steps=250,
+    )
+    assert plan["shard_samples"] == 24 and plan["rounds"] == -(-2000 // 24) == 84
+    assert "2000 samples read over the run (8 per optimizer step)" in plan["arithmetic"][1]
+    with pytest.raises(TopologyError, match=r"one optimizer step: its 8 sample\(s\)"):
+        plan_topology(
+            "rolling",
+            offline,
+            7 * per_file,
+            1000,
+            capture_gpus_needed=None,
+            capture_hosts=[_host("localhost", 0, None)],
+            train_hosts=[_host("localhost", 0, None)],
+            draft_config=small,
+            max_length=1000,
+            samples_per_step=8,
+            total_steps=250,
+        )

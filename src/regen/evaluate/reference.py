@@ -1,4 +1,8 @@
-"""CPU reference of DFlash speculative decoding: block drafting and greedy verification in PyTorch.
+"""Reference of DFlash speculative decoding: block drafting and greedy verification in PyTorch.
+
+It runs on the CPU (the embedded default's evaluate stage) or on a GPU (`regen.jobs.evaluate --device cuda`,
+the GPU smoke script); one sequence at a time either way, so it measures the decoding algorithm, not a
+serving engine.
 
 The target runs through `transformers` with a KV cache, the drafter is SpecForge's own `DFlashDraftModel`
 loaded from the exported checkpoint, and one step follows SpecForge 0.2.0's
@@ -63,9 +67,12 @@ class Target:
         # transformers >= 5.20 names the KV cache argument `cache`; older releases `past_key_values`.
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.num_layers = _text_config(model.config).num_hidden_layers
+        self.device = next(model.parameters()).device
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str = "float32", trust_remote_code: bool = True) -> Target:
+    def load(
+        cls, path: str | Path, dtype: str = "float32", trust_remote_code: bool = True, device: str = "cpu"
+    ) -> Target:
         from transformers import AutoModelForCausalLM
 
         try:
@@ -77,7 +84,7 @@ class Target:
                 f"cannot load the target model from {path}: {exc}. Point --target-model at a model "
                 "directory with config.json and weights (the demo stage builds one: --tags demo)"
             ) from exc
-        return cls(model)
+        return cls(model.to(device))
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -93,6 +100,12 @@ class Target:
             output_hidden_states=hidden,
             **{self._cache_kwarg: cache},
         )
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a wall-clock reading covers it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _text_config(config: Any) -> Any:
@@ -225,7 +238,7 @@ def _drafter_class(config: Any) -> type:
     return DRAFT_REGISTRY[arch]
 
 
-def load_drafter(checkpoint: str | Path, dtype: str = "float32") -> Any:
+def load_drafter(checkpoint: str | Path, dtype: str = "float32", device: str = "cpu") -> Any:
     """The trained drafter: SpecForge's class built from config.json, weights loaded strictly.
 
     A state-dict load rather than `from_pretrained`, as SpecForge's own acceptance benchmark does: it
@@ -248,17 +261,17 @@ def load_drafter(checkpoint: str | Path, dtype: str = "float32") -> Any:
             f"the weights in {checkpoint} do not fit its config.json: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}; re-export the checkpoint with the draft config it was trained with"
         )
-    return model.to(DTYPES[dtype]).eval()
+    return model.to(DTYPES[dtype]).to(device).eval()
 
 
-def fresh_drafter(checkpoint: str | Path, seed: int, dtype: str = "float32") -> Any:
+def fresh_drafter(checkpoint: str | Path, seed: int, dtype: str = "float32", device: str = "cpu") -> Any:
     """An untrained drafter of the same config: SpecForge's own initialisation, seeded."""
     config = drafter_config(checkpoint)
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = _drafter_class(config)(config)
-    return model.to(DTYPES[dtype]).eval()
+    return model.to(DTYPES[dtype]).to(device).eval()
 
 
 def checkpoint_summary(checkpoint: str | Path) -> dict[str, Any]:
@@ -331,10 +344,11 @@ def greedy_decode(
     `continue_to`, the same decode then goes on, stops ignored and untimed, until `continue_to` tokens in
     all (`continuation`): the target's own longer continuation, without decoding the prompt a second time.
     """
+    dev = target.device
     began = time.perf_counter()
-    ids = torch.tensor([list(prompt)], dtype=torch.long)
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
     cache = target.new_cache()
-    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    positions = torch.arange(ids.shape[1], device=dev).unsqueeze(0)
     logits = target.forward(ids, positions, cache, hidden=False).logits
     out: list[int] = []
     plain: list[int] | None = None
@@ -347,7 +361,8 @@ def greedy_decode(
         if plain is not None and len(out) >= continue_to:
             break
         pos = len(prompt) + len(out) - 1
-        logits = target.forward(torch.tensor([[token]]), torch.tensor([[pos]]), cache, hidden=False).logits
+        step = torch.tensor([[token]], device=dev)
+        logits = target.forward(step, torch.tensor([[pos]], device=dev), cache, hidden=False).logits
     return Decoded(tokens=plain, seconds=seconds, continuation=out if continue_to else [])
 
 
@@ -374,22 +389,27 @@ def speculative_decode(
     from .tree import accepted_depth, build_tree
 
     topk = max(tree_budgets, default=0)
+    dev = target.device
     began = time.perf_counter()
+    tree_seconds = 0.0  # DDTree scoring is measurement, not decoding: kept out of the decode's time
     n = len(prompt)
     proposer.reset()
     cache = target.new_cache()
-    prefill = target.forward(torch.tensor([list(prompt)]), torch.arange(n).unsqueeze(0), cache, hidden=True)
+    prompt_ids = torch.tensor([list(prompt)], device=dev)
+    prefill = target.forward(prompt_ids, torch.arange(n, device=dev).unsqueeze(0), cache, hidden=True)
     committed = [*prompt, int(prefill.logits[0, -1].argmax())]
     context = context_features(prefill.hidden_states, layer_ids)  # features of positions 0 .. n-1
     accepted_per_step: list[int] = []
     tree_accepted: dict[int, list[int]] = {}
     start = n  # position of the last committed token, the block's first slot
     while len(committed) - n < max_new and not any(t in stop_ids for t in committed[n:]):
-        block = torch.full((1, block_size), mask_token_id, dtype=torch.long)
+        block = torch.full((1, block_size), mask_token_id, dtype=torch.long, device=dev)
         block[0, 0] = committed[start]
         block[0, 1:] = proposer.propose(block, context, start)
         logits = getattr(proposer, "last_logits", None)
         if topk and logits is not None and continuation is not None:
+            _synchronize(dev)  # the draft's own (asynchronous) work belongs to the decode's time
+            tree_began = time.perf_counter()
             probs, ids = logits.float().softmax(dim=-1).topk(min(topk, logits.shape[-1]), dim=-1)
             candidates = [
                 list(zip(i.tolist(), p.tolist(), strict=True)) for i, p in zip(ids, probs, strict=True)
@@ -398,7 +418,8 @@ def speculative_decode(
             for budget in tree_budgets:
                 depth = accepted_depth(build_tree(candidates, budget), truth)
                 tree_accepted.setdefault(budget, []).append(depth)
-        positions = torch.arange(start, start + block_size).unsqueeze(0)
+            tree_seconds += time.perf_counter() - tree_began
+        positions = torch.arange(start, start + block_size, device=dev).unsqueeze(0)
         verify = target.forward(block, positions, cache, hidden=True)
         posterior = verify.logits[0].argmax(dim=-1)  # the target's greedy token after each block slot
         matches = (block[0, 1:] == posterior[:-1]).long()
@@ -410,7 +431,7 @@ def speculative_decode(
         context = context_features(verify.hidden_states, layer_ids)[:, : accepted + 1, :]
     return Decoded(
         tokens=_cut_at_stop(committed[n:], max_new, stop_ids),
-        seconds=time.perf_counter() - began,
+        seconds=time.perf_counter() - began - tree_seconds,
         accepted=accepted_per_step,
         tree_accepted=tree_accepted,
     )

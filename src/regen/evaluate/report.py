@@ -18,12 +18,12 @@ TREE_NOT_MEASURED = "DDTree budgets were not scored in this run (--tree-budgets 
 TREE_NOTE = (
     "Per verification step of the chain run, the acceptance length greedy verification of a DDTree of that "
     "many nodes (the likeliest prefixes of the drafter's per-slot distributions) would have reached in the "
-    "same state. Acceptance only: the CPU reference has no tree-attention verifier, so no tokens/s; the "
+    "same state. Acceptance only: the reference decoder has no tree-attention verifier, so no tokens/s; the "
     "pinned engine's DFLASH verifies the chain."
 )
 BATCH_NOT_MEASURED = (
-    "not measured by the CPU reference: it decodes one request at a time, and a batch whose requests accept "
-    "different draft lengths needs per-request KV caches the reference does not model; the GPU path "
+    "not measured by the reference decoder: it decodes one request at a time, and a batch whose requests "
+    "accept different draft lengths needs per-request KV caches the reference does not model; the GPU path "
     "(SGLang, continuous batching) is where the batch setting is measured"
 )
 STEPS_NOT_MEASURED = (
@@ -40,12 +40,14 @@ def build_report(
     inputs: dict[str, Any],
     step_rows: Sequence[dict[str, Any]] = (),
     exported_step: int | None = None,
+    batch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report from one result per (drafter, prompt, turn kind).
 
     A result: {"drafter", "prompt_id", "turn_kind", "category", "accepted": [int...], "tokens", "seconds",
     "plain_tokens", "plain_seconds", "lossless": bool}. `step_rows`: the trained drafter at earlier
     checkpoints ({"step", "prompt_id", "turn_kind", "accepted", ...}), on the first turn kind's prompts.
+    `batch`: the speedup at a batch setting where one was measured (the GPU path); else it says why not.
     """
     drafters: dict[str, Any] = {}
     for name in DRAFTERS:
@@ -68,7 +70,10 @@ def build_report(
         "plain_tokens_per_s": _round(
             throughput([(r["plain_tokens"], r["plain_seconds"]) for r in plain_rows])
         ),
-        "speedup": {**trained["speedup"], "batch": {"measured": False, "reason": BATCH_NOT_MEASURED}}
+        "speedup": {
+            **trained["speedup"],
+            "batch": batch if batch is not None else {"measured": False, "reason": BATCH_NOT_MEASURED},
+        }
         if trained
         else None,
         "turn_kinds": sorted({r.get("turn_kind") or "default" for r in results}),
@@ -167,7 +172,14 @@ def headline(report: dict[str, Any]) -> str:
     speed = report.get("speedup") or {}
     if speed.get("value") is not None:
         text += f"; speedup {speed['value']:.2f}x at concurrency 1"
+    batch = speed.get("batch") or {}
+    if batch.get("measured") and batch.get("value") is not None:
+        text += f", {batch['value']:.2f}x at concurrency {batch.get('concurrency')}"
     text += "; lossless" if report.get("lossless") else "; NOT lossless"
+    check = report.get("lossless_check") or {}
+    near = sum(int(c.get("near_tie", 0)) for c in (check.get("settings") or {}).values())
+    if report.get("lossless") and near:
+        text += f" ({near} output(s) differ only at a near tie: known nondeterminism)"
     return text
 
 
@@ -227,14 +239,23 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
             "yes" if d.get("lossless") else "NO",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    batch = (report.get("speedup") or {}).get("batch") or {}
+    if batch.get("measured"):
+        batch_text = (
+            f"Batch setting, concurrency {batch.get('concurrency')}: speedup {_fmt(batch.get('value'))} "
+            f"({_fmt(batch.get('spec_tokens_per_s'))} tokens/s with the drafter, "
+            f"{_fmt(batch.get('plain_tokens_per_s'))} without; acceptance length "
+            f"{_fmt(batch.get('acceptance_length'))}); {batch.get('note', '')}."
+        )
+    else:
+        batch_text = "Batch setting: " + (batch.get("reason") or "not measured") + "."
     lines += [
         "",
         f"Plain greedy decoding of the same target: {_fmt(report.get('plain_tokens_per_s'))} tokens/s "
-        "(concurrency 1). Batch setting: "
-        + (((report.get("speedup") or {}).get("batch") or {}).get("reason") or "not measured")
-        + ".",
+        "(concurrency 1). " + batch_text,
         "",
     ]
+    lines += _lossless_lines(report)
     lines += ["## Acceptance by position", "", "Share of steps whose k-th draft token was accepted.", ""]
     header = "| drafter | " + " | ".join(str(k) for k in range(1, int(report.get("block_size") or 1))) + " |"
     lines += [header, "|---" * (int(report.get("block_size") or 1)) + "|"]
@@ -286,6 +307,27 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
     if plot_note:
         lines += [plot_note, ""]
     s = report.get("settings") or {}
+    if s.get("backend") == "sglang":
+        servers = (report.get("inputs") or {}).get("servers") or {}
+        lines += [
+            "## Settings",
+            "",
+            "SGLang served the target alone (plain) and with the trained drafter (`--speculative-algorithm "
+            f"DFLASH`), one after the other in the same layout; greedy, concurrency "
+            f"{', '.join(str(c) for c in s.get('concurrencies') or [1])}, up to "
+            f"{s.get('max_new_tokens')} new tokens per prompt through SGLang's native /generate; prompts "
+            f"from {s.get('prompts_source')}. "
+            "Acceptance comes from SGLang's own per-request metadata (spec_verify_ct, "
+            "spec_correct_drafts_histogram).",
+            "",
+        ]
+        for name, server in servers.items():
+            if server.get("command_line"):
+                lines += [f"- {name}: `{server['command_line']}`"]
+        for note in s.get("notes") or []:
+            lines += [f"- {note}"]
+        lines.append("")
+        return "\n".join(lines)
     lines += [
         "## Settings",
         "",
@@ -294,6 +336,40 @@ def render_markdown(report: dict[str, Any], plots: Sequence[str], plot_note: str
         "",
     ]
     return "\n".join(lines)
+
+
+def _lossless_lines(report: dict[str, Any]) -> list[str]:
+    """The token-for-token check of the GPU path, per setting, with every difference and its verdict."""
+    check = report.get("lossless_check")
+    if not check:
+        return []
+    lines = [
+        "## Lossless check",
+        "",
+        f"{check.get('method', '')}. A near tie: the plain server's own two likeliest tokens at the first "
+        f"diverging position are the two outputs' tokens, within {check.get('tie_tolerance')} nats (known "
+        "numerical nondeterminism: the verify forward computes the same logits in another batch shape).",
+        "",
+        "| setting | identical | near tie | differs |",
+        "|---|---|---|---|",
+    ]
+    for setting, c in (check.get("settings") or {}).items():
+        lines.append(f"| {setting} | {c.get('identical')} | {c.get('near_tie')} | {c.get('differs')} |")
+    differences = check.get("differences") or []
+    if differences:
+        lines += [
+            "",
+            "| setting | prompt | turn kind | position | plain | spec | verdict | why |",
+            "|---" * 8 + "|",
+        ]
+        for d in differences[:50]:
+            lines.append(
+                f"| {d.get('setting')} | {d.get('prompt_id')} | {d.get('turn_kind')} | {d.get('position')} "
+                f"| {d.get('plain_token')} | {d.get('spec_token')} | {d.get('verdict')} "
+                f"| {d.get('reason', '')} |"
+            )
+    lines.append("")
+    return lines
 
 
 def draw_plots(report: dict[str, Any], output_dir: Path) -> tuple[list[Path], str | None]:

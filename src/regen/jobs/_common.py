@@ -212,6 +212,37 @@ class DirectoryLock:
 # --------------------------------------------------------------------------------------------------
 
 
+def serving_api_key(path: str | None) -> str | None:
+    """The model server's API key from the serve stage's env file (`REGEN_SERVING_API_KEY=`), or None
+    when no file is given (a server without a key)."""
+    if not path:
+        return None
+    from regen.serving.supervisor import SupervisorError, read_env_file
+
+    try:
+        value = read_env_file(path).get("REGEN_SERVING_API_KEY")
+    except SupervisorError as exc:
+        raise JobError(str(exc)) from None
+    if not value:
+        raise JobError(f"{path} has no REGEN_SERVING_API_KEY= line; re-run the serve stage")
+    return value
+
+
+def json_object_arg(text: str, flag: str) -> dict[str, Any]:
+    """A command-line flag that takes a JSON object (--chat-template-kwargs, --extra-body), or a JobError
+    that says what is wrong with it and what it should look like."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise JobError(
+            f"{flag} is not valid JSON ({exc}); pass an object such as '{{\"thinking\": true}}'"
+        ) from None
+    if not isinstance(value, dict):
+        example = '{"thinking": true}'
+        raise JobError(f"{flag} must be a JSON object such as '{example}', got {type(value).__name__}")
+    return value
+
+
 def canonical_json(obj: Any) -> bytes:
     """One byte string per value: sorted keys, no spaces, UTF-8. Used for content hashes."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

@@ -4,8 +4,9 @@
         --output-dir DIR [--max-prompts N] [--max-new-tokens N] [--chat-template-kwargs JSON] \
         [--thinking-switch NAME --turn-kinds thinking,non-thinking] [--training-steps N] [--seed S] [--force]
 
-Runs the CPU reference (`regen.evaluate.reference`: the target through transformers, the drafter through
-SpecForge's own DFlashDraftModel) on the same prompts with greedy decoding, for three drafters:
+Runs the reference decoder (`regen.evaluate.reference`: the target through transformers, the drafter through
+SpecForge's own DFlashDraftModel; on the CPU, or on a GPU with --device cuda) on the same prompts with
+greedy decoding, one sequence at a time, for three drafters:
 `trained` (the checkpoint), `untrained` (the same config, freshly initialised: about 1.0) and `oracle`
 (proposes the target's own greedy continuation: the block size). Every speculative output is compared
 with plain greedy decoding of the same prompt (`lossless`).
@@ -32,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -50,6 +52,7 @@ from ._common import (
     decode_json_line,
     iter_lines,
     job_parser,
+    json_object_arg,
     kv,
     run_main,
     setup_logging,
@@ -190,7 +193,7 @@ class Results:
 def build_parser() -> argparse.ArgumentParser:
     p = job_parser(
         "python -m regen.jobs.evaluate",
-        "Acceptance length and speedup of a DFlash drafter (CPU reference, greedy).",
+        "Acceptance length and speedup of a DFlash drafter (reference decoder on the CPU or a GPU, greedy).",
         status=False,
         progress=False,
     )
@@ -240,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="prompt selection and the untrained drafter's init")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the target and drafters run: cpu (default), cuda or cuda:N (the reference on a GPU: "
+        "one sequence at a time, so its tokens/s measure the decoding algorithm, not a serving engine)",
+    )
     p.add_argument("--no-trust-remote-code", action="store_true")
     p.add_argument("--force", action="store_true", help="re-evaluate even when the report is up to date")
     p.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
@@ -249,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 def export_marker(checkpoint: Path) -> dict[str, Any] | None:
     """The train stage's `regen-export-step<N>.json` in an export directory: {checkpoint, step, run_id}."""
     for marker in sorted(checkpoint.glob("regen-export-step*.json")):
-        doc = _load_json(marker)
+        doc = load_json_object(marker)
         if doc and isinstance(doc.get("step"), int) and doc.get("checkpoint") and doc.get("run_id"):
             return doc
     return None
@@ -304,14 +313,7 @@ def turn_kinds(kwargs_text: str, switch: str, kinds_text: str) -> dict[str, dict
     Without --turn-kinds there is one kind: the turns --chat-template-kwargs gives, named after its
     thinking switch when that is known (`thinking` / `non-thinking`), else `default`.
     """
-    try:
-        kwargs = json.loads(kwargs_text)
-    except ValueError as exc:
-        raise JobError(
-            f"--chat-template-kwargs is not JSON ({exc}); pass e.g. '{{\"thinking\": true}}'"
-        ) from None
-    if not isinstance(kwargs, dict):
-        raise JobError("--chat-template-kwargs must be a JSON object such as '{\"thinking\": true}'")
+    kwargs = json_object_arg(kwargs_text, "--chat-template-kwargs")
     kinds = [k.strip() for k in kinds_text.split(",") if k.strip()]
     bad = [k for k in kinds if k not in TURN_KINDS]
     if bad:
@@ -343,8 +345,13 @@ def _tokenize(
 
 
 def _stop_ids(tokenizer: Any, model: Any) -> list[int]:
+    return stop_ids(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+
+
+def stop_ids(tokenizer: Any, eos: Any) -> list[int]:
+    """The tokens that end an answer: the generation config's EOS (one id or a list), the tokenizer's,
+    and the chat template's end-of-turn token where the vocabulary has one."""
     ids = set()
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for value in (eos if isinstance(eos, list) else [eos]) + [tokenizer.eos_token_id]:
         if isinstance(value, int):
             ids.add(value)
@@ -367,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         ) from None
     if any(b < 1 for b in budgets):
         raise JobError("--tree-budgets: every budget must be at least 1 node")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise JobError(f"--device {args.device!r}: use cpu, cuda or cuda:N")
     if args.max_prompts < 1 or args.max_new_tokens < 1:
         raise JobError("--max-prompts and --max-new-tokens must be at least 1")
     out = args.output_dir
@@ -404,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "tree_budgets": budgets,
         "turn_kinds": kinds,
-        "device": "cpu",
+        "device": args.device,
         "prompts_source": str(args.prompts),
     }
     inputs = {
@@ -422,31 +431,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     digest = hashlib.sha256(canonical_json({"settings": settings, "inputs": inputs})).hexdigest()
     report_path = out / "report.json"
-    old = _load_json(report_path)
-    if old and old.get("inputs_digest") == digest and not args.force:
-        log.info("report up to date", extra=kv(report=str(report_path)))
-        print(
-            json.dumps(
-                {
-                    "changed": False,
-                    "report": str(report_path),
-                    "headline": headline(old),
-                    "lossless": old.get("lossless"),
-                }
-            )
-        )
-        return EXIT_OK if old.get("lossless") else EXIT_FAILED_RECORDS
+    current = exit_if_report_current(report_path, digest, args.force)
+    if current is not None:
+        return current
 
     import torch
     from transformers import AutoTokenizer
 
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise JobError(
+            f"--device {args.device}: torch {torch.__version__} sees no GPU here; use --device cpu"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     trust = not args.no_trust_remote_code
-    target = ref.Target.load(args.target_model, args.dtype, trust)
+    target = ref.Target.load(args.target_model, args.dtype, trust, device=args.device)
     tokenizer = AutoTokenizer.from_pretrained(str(args.target_model), trust_remote_code=trust)
     stops = _stop_ids(tokenizer, target.model)
-    trained = ref.load_drafter(args.checkpoint, args.dtype)
+    trained = ref.load_drafter(args.checkpoint, args.dtype, args.device)
     ref.check_compatible(trained, target)
     block, mask, layers = int(trained.block_size), int(trained.mask_token_id), list(trained.target_layer_ids)
     proposers: dict[str, Any] = {}
@@ -454,19 +456,38 @@ def main(argv: list[str] | None = None) -> int:
         proposers["trained"] = ref.DFlashProposer(trained, target)
     if "untrained" in drafters:
         proposers["untrained"] = ref.DFlashProposer(
-            ref.fresh_drafter(args.checkpoint, args.seed, args.dtype), target
+            ref.fresh_drafter(args.checkpoint, args.seed, args.dtype, args.device), target
         )
 
     results = Results(out / "results.jsonl", digest)
+
+    def _speculative(proposer: Any, ids: list[int], **extra: Any) -> Any:
+        return ref.speculative_decode(
+            target,
+            proposer,
+            ids,
+            block_size=block,
+            mask_token_id=mask,
+            layer_ids=layers,
+            max_new=args.max_new_tokens,
+            stop_ids=stops,
+            **extra,
+        )
+
     total = len(prompts) * (len(drafters) * len(kinds) + len(earlier))
     began = time.monotonic()
 
     def _run_all() -> None:
         """Every drafter over every prompt not yet in `results` (each run is committed as it ends)."""
-        # One untimed decode first: the first forwards pay one-off costs (allocations, kernel selection).
+        # Untimed decodes first: the first forwards pay one-off costs (allocations, kernel selection, on a
+        # GPU its libraries' start), which would otherwise be charged to whichever decode came first.
         first_kwargs = next(iter(kinds.values()))
         warm = _tokenize(tokenizer, prompts[0]["turns"], args.prompt_max_tokens, first_kwargs)
         ref.greedy_decode(target, warm, 4, stops)
+        for proposer in proposers.values():
+            ref.speculative_decode(
+                target, proposer, warm, block_size=block, mask_token_id=mask, layer_ids=layers, max_new=4
+            )
         for kind, kwargs in kinds.items():
             for prompt in prompts:
                 if all(results.has(name, prompt["id"], kind) for name in drafters):
@@ -479,21 +500,12 @@ def main(argv: list[str] | None = None) -> int:
             if all(results.has(name, p["id"], kind) for p in prompts):
                 continue
             path = export_step(checkpoint, args.checkpoint / "config.json", out / "steps")
-            proposer = ref.DFlashProposer(ref.load_drafter(path, args.dtype), target)
+            proposer = ref.DFlashProposer(ref.load_drafter(path, args.dtype, args.device), target)
             for prompt in prompts:
                 if results.has(name, prompt["id"], kind):
                     continue
                 ids = _tokenize(tokenizer, prompt["turns"], args.prompt_max_tokens, kwargs)
-                spec = ref.speculative_decode(
-                    target,
-                    proposer,
-                    ids,
-                    block_size=block,
-                    mask_token_id=mask,
-                    layer_ids=layers,
-                    max_new=args.max_new_tokens,
-                    stop_ids=stops,
-                )
+                spec = _speculative(proposer, ids)
                 results.add(
                     {
                         "drafter": name,
@@ -523,17 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                 proposer: Any = ref.OracleProposer(cont, block)
             else:
                 proposer = proposers[name]
-            spec = ref.speculative_decode(
-                target,
-                proposer,
-                ids,
-                block_size=block,
-                mask_token_id=mask,
-                layer_ids=layers,
-                max_new=args.max_new_tokens,
-                stop_ids=stops,
-                tree_budgets=budgets if name != "oracle" else (),
-                continuation=cont,
+            spec = _speculative(
+                proposer, ids, tree_budgets=budgets if name != "oracle" else (), continuation=cont
             )
             lossless = spec.tokens == plain.tokens
             if not lossless:
@@ -635,12 +638,27 @@ def _first_diff(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
-def _load_json(path: Path) -> dict[str, Any] | None:
+def load_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a file, or None when it is missing, torn or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def exit_if_report_current(report_path: Path, digest: str, force: bool) -> int | None:
+    """When the report at `report_path` was made from inputs with this digest (and --force is not given):
+    print the unchanged result line the roles read and return the exit code; else None (evaluate)."""
+    from ..evaluate.report import headline
+
+    old = load_json_object(report_path)
+    if not old or old.get("inputs_digest") != digest or force:
+        return None
+    log.info("report up to date", extra=kv(report=str(report_path)))
+    result = {"changed": False, "report": str(report_path), "headline": headline(old)}
+    print(json.dumps({**result, "lossless": old.get("lossless")}))
+    return EXIT_OK if old.get("lossless") else EXIT_FAILED_RECORDS
 
 
 if __name__ == "__main__":

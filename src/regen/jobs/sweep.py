@@ -52,6 +52,7 @@ from regen.jobs._common import (
     iter_lines,
     job_parser,
     run_main,
+    serving_api_key,
     setup_logging,
 )
 from regen.jobs.generate.rows import BadRow, normalize_endpoint, parse_prompt_row, resolve_inputs, turn_plan
@@ -121,20 +122,6 @@ def request_mix(paths: list[str], count: int) -> list[list[dict[str, str]]]:
     if not mixes:
         raise JobError("the prompts hold no usable row; build the prompt set first (playbooks/prompts.yml)")
     return [mixes[i % len(mixes)] for i in range(count)]
-
-
-def _api_key(path: str | None) -> str | None:
-    if not path:
-        return None
-    from regen.serving.supervisor import SupervisorError, read_env_file
-
-    try:
-        value = read_env_file(path).get("REGEN_SERVING_API_KEY")
-    except SupervisorError as exc:
-        raise JobError(str(exc)) from None
-    if not value:
-        raise JobError(f"{path} has no REGEN_SERVING_API_KEY= line; re-run the serve stage")
-    return value
 
 
 # ------------------------------------------------------------------------------------------ measure
@@ -231,7 +218,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
     if a.requests < 1 or a.max_tokens < 1:
         raise JobError("--requests and --max-tokens must be >= 1")
     mix = request_mix(a.prompts, a.requests)
-    a.api_key = _api_key(a.api_key_env_file)
+    a.api_key = serving_api_key(a.api_key_env_file)
     headers = {"Content-Type": "application/json"}
     if a.api_key:
         headers["Authorization"] = f"Bearer {a.api_key}"

@@ -61,6 +61,7 @@ from regen.jobs._common import (
     decode_json_line,
     iter_lines,
     job_parser,
+    json_object_arg,
     kv,
     make_progress,
     open_binary,
@@ -655,14 +656,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
         raise JobError(
             f"--tokenizer {model_dir}: not a directory; pass the model directory holding the tokenizer"
         )
-    try:
-        kwargs = json.loads(args.chat_template_kwargs)
-    except ValueError as exc:
-        raise JobError(
-            f"--chat-template-kwargs is not JSON ({exc}); pass e.g. '{{\"thinking\": true}}'"
-        ) from None
-    if not isinstance(kwargs, dict):
-        raise JobError("--chat-template-kwargs must be a JSON object such as '{\"thinking\": true}'")
+    kwargs = json_object_arg(args.chat_template_kwargs, "--chat-template-kwargs")
     tags = tuple(t.strip() for t in args.think_tags.split(","))
     if len(tags) != 2 or not all(tags):
         raise JobError("--think-tags takes OPEN,CLOSE, e.g. '<think>,</think>'")

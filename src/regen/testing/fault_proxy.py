@@ -31,20 +31,23 @@ from collections.abc import Sequence
 import aiohttp
 from aiohttp import web
 
+from regen.testing.threaded_app import LOOPBACK, ThreadedApp
+
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host"}
 )
 
 
-class FaultProxy:
+class FaultProxy(ThreadedApp):
     """The proxy in a background thread of the calling process; switch faults from any thread."""
 
+    thread_name = "fault-proxy"
+
     def __init__(self, upstream: str, *, host: str = "127.0.0.1", port: int = 0, seed: int = 0):
-        if host not in ("127.0.0.1", "::1", "localhost"):
+        if host not in LOOPBACK:
             raise ValueError(f"the fault proxy binds loopback only, not {host!r}")
+        super().__init__(host, port)
         self.upstream = upstream.rstrip("/")
-        self.host = host
-        self.port = port
         self.stats: Counter[str] = Counter()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -52,14 +55,7 @@ class FaultProxy:
         self._statuses: tuple[int, ...] = (503,)
         self._hanging = False
         self._released: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     # ------------------------------------------------------------------ switches (any thread)
 
@@ -71,15 +67,13 @@ class FaultProxy:
     def hang(self) -> None:
         with self._lock:
             self._hanging = True
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._reset_release)
+        self.call_in_loop(self._reset_release)
 
     def clear(self) -> None:
         with self._lock:
             self._error_rate = 0.0
             self._hanging = False
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._release)
+        self.call_in_loop(self._release)
 
     def _reset_release(self) -> None:
         if self._released is not None and self._released.is_set():
@@ -128,57 +122,16 @@ class FaultProxy:
                 transport.abort()
             raise web.HTTPBadGateway() from None
 
-    async def _start(self) -> None:
+    async def on_start(self) -> None:
         self._released = asyncio.Event()
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+
+    def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return app
 
-    async def _stop(self) -> None:
+    async def on_stop(self) -> None:
         self._release()
-        if self._runner is not None:
-            await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
-
-    def start(self) -> FaultProxy:
-        ready = threading.Event()
-        error: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._start())
-            except BaseException as exc:
-                error.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._stop())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="fault-proxy", daemon=True)
-        self._thread.start()
-        ready.wait(30)
-        if error:
-            raise error[0]
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
-            self._loop = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

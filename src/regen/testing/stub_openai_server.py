@@ -43,12 +43,13 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from typing import Any
 
 from aiohttp import web
+
+from regen.testing.threaded_app import ThreadedApp
 
 FAIL_KINDS = ("429", "500", "503", "reset", "stall", "malformed")
 
@@ -270,22 +271,16 @@ def _check_loopback(host: str) -> None:
     raise SystemExit(f"error: the stub only binds loopback addresses, not {host!r}")
 
 
-class StubServer:
+class StubServer(ThreadedApp):
     """Run the stub in a background thread (tests): `with StubServer(StubConfig(delay=0.01)) as s: s.url`."""
+
+    thread_name = "stub-openai-server"
 
     def __init__(self, config: StubConfig | None = None, host: str = "127.0.0.1", port: int = 0):
         _check_loopback(host)
+        super().__init__(host, port)
         self.config = config or StubConfig()
-        self.host = host
-        self.port = port
         self.stub = StubApp(self.config)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     @property
     def stats(self) -> Counter[str]:
@@ -298,51 +293,8 @@ class StubServer:
     def configure(self, **changes: Any) -> None:
         self.config.update(changes)
 
-    def start(self) -> StubServer:
-        ready = threading.Event()
-        error: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._start())
-            except BaseException as exc:
-                error.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="stub-openai-server", daemon=True)
-        self._thread.start()
-        ready.wait(30)
-        if error:
-            raise error[0]
-        return self
-
-    async def _start(self) -> None:
-        self._runner = web.AppRunner(
-            self.stub.app, access_log=None, handle_signals=False, shutdown_timeout=0.5
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
-            self._loop = None
-
-    def __enter__(self) -> StubServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def make_app(self) -> web.Application:
+        return self.stub.app
 
 
 def spawn(args: list[str], python: str | None = None, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:

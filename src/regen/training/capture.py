@@ -2,7 +2,7 @@
 
     python -m regen.training.capture --data TOKENIZED --model MODEL --layers 1,15,30,44,58 --output DIR
         [--backend hf|sglang] [--max-length N] [--max-samples N] [--dtype bfloat16] [--batch-tokens N]
-        [--count-only]
+        [--count-only] [--only ROUND.json]
 
 Input: the tokenize stage's output, every `*.parquet` (columns `input_ids`, `loss_mask`) and every
 `*.jsonl` whose records carry `input_ids` and `loss_mask`, in sorted file order. Output: one file per
@@ -12,11 +12,13 @@ and `hidden_states` [seq, len(layers) * hidden] - the outputs of the listed targ
 that order, which is what `extract_context_feature` feeds the drafter (`hidden_states[layer + 1]`).
 
 Exactly once and resumable: a sample's file is written to a temporary name and renamed, so it exists
-completely or not at all; a re-run skips the samples whose file exists. `DIR/capture_manifest.json`
-records the model, the layers, the dtype, the length limit and a digest of the samples themselves, and
-a re-run against different ones is refused instead of mixing features. Samples SpecForge would reject
-(fewer than two consecutive supervised tokens after truncation) are counted and skipped. Prints one JSON
-summary line; exit 2 means bad input.
+completely or not at all; a re-run skips the samples whose file exists. An empty file is a placeholder
+(regen.training.rolling lays one for every sample of other rounds, so SpecForge lists the whole data set):
+it counts as not captured. `--only FILE` captures only the samples a rolling round's file lists.
+`DIR/capture_manifest.json` records the model, the layers, the dtype, the length limit and a digest of
+the samples themselves (all of them, with `--only` too), and a re-run against different ones is refused
+instead of mixing features. Samples SpecForge would reject (fewer than two consecutive supervised tokens
+after truncation) are counted and skipped. Prints one JSON summary line; exit 2 means bad input.
 
 Batched: samples are grouped by length (longest first) into forwards of at most `--batch-tokens` padded
 tokens (0: one sample per forward). Rows are padded on the right, and a causal model's outputs at a position
@@ -299,6 +301,24 @@ def sample_path(output: Path, index: int) -> Path:
     return output / f"data_{index:08d}.ckpt"
 
 
+def is_captured(path: Path) -> bool:
+    """A feature file with content. Files are written whole or not at all, so only an empty one (a
+    rolling run's placeholder for a sample of another round) lacks features."""
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def read_only(path: str) -> set[int]:
+    """The sample indices a `--only` file lists (JSON with an `indices` list: a rolling round's file)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        return {int(i) for i in doc["indices"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CaptureError(f"--only {path}: not a JSON object with an 'indices' list ({exc})") from None
+
+
 def save_atomic(path: Path, payload: dict[str, Any]) -> int:
     import torch
 
@@ -334,20 +354,34 @@ def capture(args: argparse.Namespace) -> dict[str, Any]:
         "max_length": args.max_length,
         "format": "specforge DFlash offline v1 (input_ids, loss_mask, hidden_states)",
     }
+    only = read_only(args.only) if args.only else None
     todo = []
     summary = {"samples": 0, "written": 0, "skipped": 0, "dropped": 0, "tokens": 0, "bytes": 0}
     fingerprint = Fingerprint()
+    kept = set()
     for index, ids, mask in select(args.data, args.max_length, args.max_samples):
         if not ids:
             summary["dropped"] += 1
             continue
+        fingerprint.add(index, ids, mask)
+        kept.add(index)
+        if only is not None and index not in only:
+            continue
         summary["samples"] += 1
         summary["tokens"] += len(ids)
-        fingerprint.add(index, ids, mask)
-        if sample_path(output, index).exists():
+        if is_captured(sample_path(output, index)):
             summary["skipped"] += 1
         else:
             todo.append((index, ids, mask))
+    if only is not None:
+        unknown = sorted(only - kept)
+        if unknown:
+            raise CaptureError(
+                f"{args.only} lists {len(unknown)} sample(s) the data does not have (first: {unknown[0]}): "
+                "the tokenized data changed since the list was made; plan the rounds again (re-run the train "
+                "stage)"
+            )
+        summary["selected"] = len(kept)
     # Features belong to exactly this data: a directory captured from other samples is never reused.
     manifest["data"] = summary["fingerprint"] = fingerprint.hexdigest()
     if not todo:
@@ -410,6 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-trust-remote-code", action="store_true")
     parser.add_argument("--progress", type=int, default=0, help="print progress every N samples (stderr)")
     parser.add_argument("--count-only", action="store_true", help="only count samples and tokens")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="JSON file whose 'indices' list names the samples to capture (a rolling round); the manifest "
+        "still identifies the whole data set",
+    )
     args = parser.parse_args(argv)
     try:
         if args.count_only:

@@ -39,7 +39,22 @@ from regen.training.status import (
 )
 
 # Keys a `start` writes that the supervisor keeps when it takes over the status document.
-_LAUNCH_KEYS = ("mode", "unit", "launched_at", "command", "log", "resume_from", "run_id", "attempt")
+_LAUNCH_KEYS = (
+    "mode",
+    "unit",
+    "launched_at",
+    "command",
+    "log",
+    "resume_from",
+    "run_id",
+    # A rolling run's round (regen.training.rolling): the trainer stops at its last step.
+    "round",
+    "rounds",
+    "round_first_step",
+    "round_last_step",
+    # An online run's attempt (a new one after an attempt that ended without success).
+    "attempt",
+)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 

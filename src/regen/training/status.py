@@ -130,6 +130,9 @@ def progress_line(status: dict[str, Any]) -> str:
     """One line for Ansible's output: state, step/total, loss, acceptance proxy, ETA."""
     total = status.get("total")
     parts = [status.get("state", "?"), f"step {status.get('done', 0)}/{total if total else '?'}"]
+    if status.get("rounds"):
+        # A rolling run's round (launched with it in the status): its trainer stops at the round's last step.
+        parts.insert(1, f"round {int(status.get('round', 0)) + 1}/{status['rounds']}")
     if status.get("loss") is not None:
         parts.append(f"loss {status['loss']:.4f}")
     if status.get("acc") is not None:

@@ -8,12 +8,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from regen.jobs._common import (
     EXIT_OK,
     JobError,
     job_parser,
+    json_object_arg,
     setup_logging,
     stop_on_sigterm,
     want_progress,
@@ -27,18 +27,6 @@ log = logging.getLogger("regen.jobs.generate")
 # ==================================================================================================
 # CLI
 # ==================================================================================================
-
-
-def _json_object(text: str, flag: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise JobError(
-            f"{flag} is not valid JSON ({exc}); pass an object such as '{{\"thinking\": true}}'"
-        ) from None
-    if not isinstance(value, dict):
-        raise JobError(f"{flag} must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _package_doc() -> str | None:
@@ -194,7 +182,7 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
             raise JobError(f"--api-key-file {a.api_key_file} cannot be read: {exc.strerror or exc}") from None
         if not api_key:
             raise JobError(f"--api-key-file {a.api_key_file} is empty; write the server's API key into it")
-    extra = _json_object(a.extra_body, "--extra-body")
+    extra = json_object_arg(a.extra_body, "--extra-body")
     clash = RESERVED_BODY_KEYS & set(extra)
     if clash:
         raise JobError(f"--extra-body may not set {sorted(clash)}; use the dedicated flags")
@@ -225,7 +213,7 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         temperature=a.temperature,
         top_p=a.top_p,
         extra_body=extra,
-        chat_template_kwargs=_json_object(a.chat_template_kwargs, "--chat-template-kwargs"),
+        chat_template_kwargs=json_object_arg(a.chat_template_kwargs, "--chat-template-kwargs"),
         reasoning=a.reasoning,
         truncated=a.truncated,
         max_retries=a.max_retries,
