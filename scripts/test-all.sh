@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Every test, in the least wall-clock time this machine allows (`make test`, and so CI), in two lanes:
 #   - background: the molecule scenarios (marker `lxc`, in LXC containers of their own), then the unit
-#     tests and the provisioning tests (venvs built in temporary directories from copied locks);
-#   - foreground: the other integration tests (real playbook runs on localhost), then the local end-to-end
-#     runs.
+#     tests and the provisioning tests (venvs built in temporary directories from copied locks), then the
+#     train stage and Mooncake tests, end-to-end ones included (offline, rolling and online training runs,
+#     each in a work directory of its own, on free loopback ports; they share the Mooncake venv, so they
+#     stay in one lane);
+#   - foreground: the other integration tests (real playbook runs on localhost), then the other local
+#     end-to-end runs.
 # The lanes share no port, directory or process: the containers have their own network namespace, unit
 # tests work in temporary directories on ports they pick, and the shared caches under .cache/ are written
 # atomically. Molecule mostly waits on containers booting, apt and SSH, so it costs the other lane little.
@@ -14,6 +17,12 @@ logs=.cache/test-logs
 mkdir -p "$logs"
 lxc_log="$logs/background.log"
 
+# The train stage and Mooncake tests (background lane, after the unit tests).
+training_tests=(tests/integration/test_train_stage.py tests/integration/test_train_online.py
+                tests/integration/test_mooncake_master.py tests/integration/test_capture_server.py)
+not_training=()
+for t in "${training_tests[@]}"; do not_training+=(--ignore="$t"); done
+
 started=$(date +%s)
 # The slowest tests of each part are listed at its end: where the suite's time goes, run after run.
 set -- --durations=15 "$@"
@@ -22,19 +31,21 @@ set -- --durations=15 "$@"
   lxc=$?
   pytest tests/unit tests/integration/test_provision.py -m "not e2e" "$@"
   unit=$?
-  echo "molecule exit $lxc, unit + provisioning exit $unit"
-  [ "$lxc" -eq 0 ] && [ "$unit" -eq 0 ]
+  pytest "${training_tests[@]}" -m "not lxc" "$@"
+  training=$?
+  echo "molecule exit $lxc, unit + provisioning exit $unit, train stage + Mooncake exit $training"
+  [ "$lxc" -eq 0 ] && [ "$unit" -eq 0 ] && [ "$training" -eq 0 ]
 ) >"$lxc_log" 2>&1 &
 lxc_pid=$!
 # A Ctrl-C or a CI timeout stops the background lane too, so no molecule run outlives this script.
 trap 'pkill -TERM -P "$lxc_pid" 2>/dev/null; kill -TERM "$lxc_pid" 2>/dev/null; wait "$lxc_pid" 2>/dev/null; exit 130' INT TERM
-echo "== background lane (molecule scenarios, then unit and provisioning tests) started: $lxc_log"
+echo "== background lane (molecule scenarios, unit and provisioning tests, train stage + Mooncake) started: $lxc_log"
 
 echo "== integration tests but provisioning (not e2e)"
-pytest tests --ignore=tests/unit --ignore=tests/integration/test_provision.py -m "not e2e" "$@"
+pytest tests --ignore=tests/unit --ignore=tests/integration/test_provision.py "${not_training[@]}" -m "not e2e" "$@"
 fast=$?
 echo "== local end-to-end runs (e2e, not lxc)"
-pytest -m "e2e and not lxc" "$@"
+pytest "${not_training[@]}" -m "e2e and not lxc" "$@"
 local_e2e=$?
 
 echo "== waiting for the background lane"
@@ -42,5 +53,5 @@ wait "$lxc_pid"
 lxc=$?
 trap - INT TERM
 cat "$lxc_log"
-echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (molecule, unit, provisioning) exit $lxc"
+echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (molecule, unit, provisioning, train stage + Mooncake) exit $lxc"
 [ "$fast" -eq 0 ] && [ "$local_e2e" -eq 0 ] && [ "$lxc" -eq 0 ]
