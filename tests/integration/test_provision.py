@@ -418,6 +418,8 @@ def test_production_example_renders_serving_and_training_sets_in_check_mode(tmp_
     training = sum(1 for line in (ROOT / "envs" / "training.lock").read_text().splitlines() if "==" in line)
     assert f"create /root/venv_sglang with {serving} packages" in output
     assert f"create /root/venv_specforge with {training} packages" in output
+    # The capture venv of its own (online training's patched SGLang), from the training lock.
+    assert f"create /root/venv_capture with {training} packages" in output
     for pin in (
         "+sglang==0.5.23",
         "+torch==2.14.1",

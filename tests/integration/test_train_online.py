@@ -232,7 +232,8 @@ def test_one_server_beside_a_dp7_trainer_in_check_mode(tmp_path: Path) -> None:
     flat = re.sub(r"\s+", " ", run.output)
     assert "capture servers: http://127.0.0.1:30200 (target layers 1, 9, 17, 25, 33, context 6159)" in flat
     assert (
-        "/root/venv_specforge/bin/python -m sglang.launch_server --model-path "
+        # SGLang capture runs in the capture venv of its own (the patched SGLang), training in SpecForge's.
+        "/root/venv_capture/bin/python -m sglang.launch_server --model-path "
         + str(model)
         + " --trust-remote-code "
         "--tp-size 1"

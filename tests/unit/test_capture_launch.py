@@ -38,7 +38,7 @@ def _spec(facts: str, layers: list[int], max_length: int, host: str, master: str
         "backend": "sglang",
         "name": "capture",
         "model_path": extra.pop("model_path"),
-        "python": "/root/venv_specforge/bin/python",
+        "python": "/root/venv_capture/bin/python",
         "facts": json.loads((SERVING / facts).read_text()),
         "overrides": {"context_length": regen_disagg.capture_context_length(max_length)},
         "host": host,
