@@ -47,10 +47,7 @@ fi
 
 device=${DEVICE:-cuda}
 capture=${CAPTURE:-hf}
-if [ "$device" = cuda ]; then
-  command -v nvidia-smi >/dev/null || { echo "gpu_disagg_smoke: no nvidia-smi: this needs an NVIDIA GPU" >&2; exit 2; }
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-fi
+gpu_check_device gpu_disagg_smoke "$device"
 work=$(mktemp -d /tmp/regen-disagg-smoke.XXXXXX)
 pids=()
 cleanup() {

@@ -25,10 +25,7 @@ if [ "$mode" = download ]; then
   exit 0
 fi
 device=${DEVICE:-cuda}
-if [ "$device" = cuda ]; then
-  command -v nvidia-smi >/dev/null || { echo "gpu_rolling_check: no nvidia-smi: this needs an NVIDIA GPU" >&2; exit 2; }
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-fi
+gpu_check_device gpu_rolling_check "$device"
 work=$(mktemp -d /tmp/regen-gpu-rolling.XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 py=$(GPU_TRAIN_VENV=/tmp/regen-gpu-train-venv gpu_train_python "$wheels")

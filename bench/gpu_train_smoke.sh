@@ -32,10 +32,7 @@ if [ "$mode" = download ]; then
 fi
 
 device=${DEVICE:-cuda}
-if [ "$device" = cuda ]; then
-  command -v nvidia-smi >/dev/null || { echo "gpu_train_smoke: no nvidia-smi: this needs an NVIDIA GPU" >&2; exit 2; }
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-fi
+gpu_check_device gpu_train_smoke "$device"
 work=$(mktemp -d /tmp/regen-gpu-smoke.XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 py=$(gpu_train_python "$wheels")

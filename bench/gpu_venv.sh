@@ -2,6 +2,7 @@
 # GPU machine, built offline from carried wheels and layered on the machine's own CUDA torch.
 #
 #   gpu_wheels_download DIR     on a machine with PyPI: the wheels the GPU image lacks (~25 MiB)
+#   gpu_check_device NAME DEV   with DEV=cuda: stops with exit 2 unless nvidia-smi is there, else names the GPU
 #   gpu_train_python WHEELS     prints the venv's python (TRAIN_PYTHON, if set, is used as it is)
 
 # The wheels the GPU image lacks or has at other versions (versions of requirements/controller.lock; the
@@ -18,6 +19,12 @@ gpu_wheels_download() {
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     -d "$1" "${GPU_TRAIN_PINS[@]}"
   du -sh "$1"
+}
+
+gpu_check_device() {
+  [ "$2" = cuda ] || return 0
+  command -v nvidia-smi >/dev/null || { echo "$1: no nvidia-smi: this needs an NVIDIA GPU" >&2; exit 2; }
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 }
 
 gpu_train_python() {

@@ -27,23 +27,11 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.ansible import ansible_env, localhost_inventory, run_playbook
+from tests.helpers.mooncake import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".cache" / "test-mooncake" / "venvs" / "mooncake"
 PORTS_SCRIPT = ROOT / "roles" / "mooncake_master" / "files" / "mooncake_ports.py"
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _inventory(tmp_path: Path, ports: list[int], **extra: object) -> Path:
@@ -157,7 +145,7 @@ def _stop(inventory: Path, master: int, metadata: int, ports: list[int]) -> None
 
 
 def test_master_starts_answers_on_loopback_and_stops(tmp_path: Path, stop_afterwards) -> None:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     rpc, http, metrics = ports
     inventory, master, metadata = _start(tmp_path, ports)
     assert Path(f"/proc/{master}/exe").resolve().name == "mooncake_master"
@@ -182,7 +170,7 @@ def test_master_starts_answers_on_loopback_and_stops(tmp_path: Path, stop_afterw
 
 @pytest.mark.e2e
 def test_second_run_check_mode_and_second_stop_change_nothing(tmp_path: Path, stop_afterwards) -> None:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     inventory, master, metadata = _start(tmp_path, ports)
 
     output, counts = _play(inventory)
@@ -202,7 +190,7 @@ def test_second_run_check_mode_and_second_stop_change_nothing(tmp_path: Path, st
 
 
 def test_a_port_held_by_another_process_is_named_with_its_pid(tmp_path: Path, stop_afterwards) -> None:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     inventory = _inventory(tmp_path, ports)
     with socket.socket() as stranger:
         stranger.bind(("127.0.0.1", ports[1]))
@@ -255,7 +243,7 @@ def test_a_port_held_by_another_process_is_named_with_its_pid(tmp_path: Path, st
 def test_bad_settings_fail_before_anything_is_installed(
     tmp_path: Path, settings: dict, expected: str
 ) -> None:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     inventory = _inventory(tmp_path, ports, **settings)
     output, counts = _play(inventory)
     assert counts["failed"] == 1, output[-4000:]
@@ -265,7 +253,7 @@ def test_bad_settings_fail_before_anything_is_installed(
 
 
 def test_same_port_twice_is_refused(tmp_path: Path) -> None:
-    rpc, _http, metrics = _free_ports(3)
+    rpc, _http, metrics = free_ports(3)
     inventory = _inventory(tmp_path, [rpc, rpc, metrics])
     output, counts = _play(inventory)
     assert counts["failed"] == 1, output[-4000:]
@@ -274,7 +262,7 @@ def test_same_port_twice_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_master_that_exits_at_start_fails_with_its_log(tmp_path: Path, stop_afterwards) -> None:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     # A flag mooncake_master rejects: it prints why and exits before it binds anything.
     settings = {"mooncake_master_extra_args": ["--regen_no_such_flag=1"]}
     inventory = _inventory(tmp_path, ports, **settings, mooncake_master_ready_timeout_s=5)
