@@ -286,3 +286,67 @@ def test_a_ledger_is_kept_until_a_lower_budget_no_longer_holds_its_rounds(tmp_pa
     ]
     assert rolling.current_round(replanned["rounds"], 3) == 2
     assert json.loads((ledger.parent / "round-002.json").read_text())["indices"] == [3]
+
+
+def test_a_round_launch_resumes_and_stops_at_its_last_step() -> None:
+    launcher = ["py", "-m", "regen.training.launcher", "start", "--status", "s.json"]
+    trainer = ["py", "-m", "specforge.cli", "train", "--config", "run.yaml"]
+    item = {"round": 1, "first_step": 5, "last_step": 8, "file": "round-001.json"}
+    argv = rolling.launch_command(
+        launcher, trainer, run_id=RUN, item=item, rounds=2, resume_from="/c/r-step4"
+    )
+    cut = argv.index("--")
+    # The round is kept in the trainer's status; SpecForge must not open other rounds' placeholders.
+    assert argv[:6] == launcher and argv[cut - 2 : cut] == ["--env", "SPECFORGE_VALIDATE_OFFLINE_FEATURES=0"]
+    meta = json.loads(argv[argv.index("--meta") + 1])
+    assert meta == {
+        "run_id": RUN,
+        "resume_from": "/c/r-step4",
+        "round": 1,
+        "rounds": 2,
+        "round_first_step": 5,
+        "round_last_step": 8,
+    }
+    assert argv[cut + 1 :] == [*trainer, "training.resume_from=/c/r-step4", "training.max_steps=8"]
+    fresh = rolling.launch_command(launcher, trainer, run_id=RUN, item=item, rounds=2, resume_from=None)
+    assert not any(a.startswith("training.resume_from=") for a in fresh)
+    capture = rolling.capture_command(
+        ["py", "-m", "regen.training.capture"], Path("/r/rolling/ledger.json"), item
+    )
+    assert capture[-2:] == ["--only", "/r/rolling/round-001.json"]
+
+
+def test_the_driver_in_dry_run_shows_a_round_it_cannot_plan_yet(tmp_path: Path) -> None:
+    """Check mode on a host without the tokenized data: nothing written, the first round's commands shown
+    with a placeholder stop, and why it could not plan."""
+    ledger = tmp_path / "run" / "rolling" / "ledger.json"
+    code, shown = _cli(
+        ledger,
+        "run",
+        "--features",
+        str(tmp_path / "features"),
+        "--data",
+        str(tmp_path / "absent"),
+        "--max-length",
+        "64",
+        "--budget-bytes",
+        "100000",
+        "--file-bytes-per-token",
+        "100",
+        "--total-steps",
+        "5",
+        "--capture",
+        json.dumps(["py", "-m", "regen.training.capture"]),
+        "--launcher",
+        json.dumps(["py", "-m", "regen.training.launcher", "start"]),
+        "--trainer",
+        json.dumps(["specforge", "train"]),
+        "--status",
+        str(tmp_path / "status.json"),
+        "--dry-run",
+    )
+    assert code == 0 and shown["dry_run"] and not shown["changed"] and shown["plan"] is None
+    assert "run the tokenize stage first" in shown["plan_error"]
+    assert shown["commands"]["capture"][-1] == str(ledger.parent / "round-000.json")
+    assert "'training.max_steps=<last step of round 1>'" in shown["shell"]["launch"]
+    assert not ledger.parent.exists() and not (tmp_path / "features").exists()

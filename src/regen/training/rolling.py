@@ -10,6 +10,14 @@
     python -m regen.training.rolling check   --ledger L --checkpoints DIR --run-id ID --round R
                                              [--budget-bytes B]
     python -m regen.training.rolling finish  --ledger L --checkpoints DIR --run-id ID
+    python -m regen.training.rolling run     <plan's flags> --capture JSON --launcher JSON --trainer JSON
+                                             --status S [--wait SECONDS] [--dry-run]
+
+`run` is the driver the train stage calls once: it plans, then takes the current round through prepare,
+capture, check, the trainer's launch (a supervised job, regen.training.launcher) and its watch, finish,
+and on to the next round, until every round is trained, the trainer is still running after --wait
+seconds, or a step failed. With --dry-run it plans without writing and prints the commands the current
+round would run (check mode).
 
 Why R rounds give the result of one round. SpecForge 0.2.0's offline run lists the feature files of
 `data.hidden_states_path` by name (sorted) and opens a file only when its loader reaches it
@@ -34,7 +42,8 @@ idempotent and a kill anywhere loses nothing: `prepare` empties the features of 
 the current one) and lays the placeholders, the capture job writes the round's missing files, `check`
 measures the directory against the budget and records the peak, the trainer resumes from the newest
 checkpoint, and `finish` empties the features of trained rounds (the whole directory once the run is
-done). Every command prints one JSON object; exit 2 means bad input (the message says what to change).
+done). Every command prints one JSON object; exit 2 means bad input (the message says what to change),
+exit 1 (`run` only) a capture or launch that failed or a round the trainer ended before its last step.
 """
 
 from __future__ import annotations
@@ -42,7 +51,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -753,17 +764,274 @@ def finish(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------------------------------
+# run: the driver of the rounds
+# --------------------------------------------------------------------------------------------------
+
+# SpecForge must not open the placeholders of other rounds up front (it only lists them).
+_NO_UPFRONT_VALIDATION = "SPECFORGE_VALIDATE_OFFLINE_FEATURES=0"
+# A check-mode plan that cannot run (no data on the host yet) still shows the shape of a round.
+_PLACEHOLDER_ROUND = {
+    "round": 0,
+    "first_step": 1,
+    "last_step": "<last step of round 1>",
+    "file": "round-000.json",
+}
+
+
+class StepFailed(Exception):
+    """A capture or a launch that failed, or a round its trainer ended early: the run stops here."""
+
+
+def _ledger_args(args: argparse.Namespace, **extra: Any) -> argparse.Namespace:
+    return argparse.Namespace(ledger=args.ledger, checkpoints=args.checkpoints, run_id=args.run_id, **extra)
+
+
+def capture_command(capture: list[str], ledger_path: Path, item: dict[str, Any]) -> list[str]:
+    """The capture job for one round: only the samples its round file lists."""
+    return [*capture, "--only", str(ledger_path.parent / item["file"])]
+
+
+def launch_command(
+    launcher: list[str],
+    trainer: list[str],
+    *,
+    run_id: str,
+    item: dict[str, Any],
+    rounds: int,
+    resume_from: str | None,
+) -> list[str]:
+    """The launcher's `start` for one round: the trainer resumes from the newest checkpoint and stops at
+    the round's last step (training.total_steps in run.yaml keeps the run's horizon); the round is kept in
+    the trainer's status."""
+    meta = {
+        "run_id": run_id,
+        "resume_from": resume_from,
+        "round": item["round"],
+        "rounds": rounds,
+        "round_first_step": item["first_step"],
+        "round_last_step": item["last_step"],
+    }
+    return [
+        *launcher,
+        "--meta",
+        json.dumps(meta, sort_keys=True),
+        "--env",
+        _NO_UPFRONT_VALIDATION,
+        "--",
+        *trainer,
+        *([f"training.resume_from={resume_from}"] if resume_from else []),
+        f"training.max_steps={item['last_step']}",
+    ]
+
+
+def _resume_from(args: argparse.Namespace) -> str | None:
+    latest = latest_checkpoint(args.checkpoints, args.run_id)
+    return str(latest["path"]) if latest else None
+
+
+def _json_tail(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.strip().startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _run_step(argv: list[str], what: str) -> dict[str, Any]:
+    """Run a job step in the foreground (its stderr passes through); its last stdout line is its JSON."""
+    result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0:
+        answer = _json_tail(result.stdout) if result.stdout else {}
+        raise StepFailed(
+            f"{what} exited {result.returncode}: "
+            f"{answer.get('msg') or answer.get('reason') or result.stdout[-2000:]}"
+        )
+    return _json_tail(result.stdout)
+
+
+def _trainer(status_path: str) -> dict[str, Any]:
+    from regen.training.launcher import current_status
+
+    return current_status(status_path) or {
+        "state": "absent",
+        "line": "absent | nothing launched on this host yet",
+    }
+
+
+def _watch(status_path: str, deadline: float) -> dict[str, Any]:
+    """The trainer's status once it is final (lost counts), or at the deadline; progress to stderr."""
+    status = _trainer(status_path)
+    last = None
+    while status.get("state") in ("starting", "running") and time.monotonic() < deadline:
+        if status.get("line") != last:
+            last = status.get("line")
+            print(last, file=sys.stderr, flush=True)
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        status = _trainer(status_path)
+    return status
+
+
+def _dry_run(args: argparse.Namespace) -> dict[str, Any]:
+    ledger_path = Path(args.ledger)
+    summary, error = None, None
+    try:
+        summary = plan(args)
+    except (RollingError, CaptureError) as exc:
+        error = str(exc)
+    item, rounds = dict(_PLACEHOLDER_ROUND), 1
+    if summary and summary["current_round"] is not None:
+        item = {**summary["rounds_detail"][summary["current_round"]], "round": summary["current_round"]}
+        rounds = summary["rounds"]
+    commands = {
+        "capture": capture_command(args.capture, ledger_path, item) if args.capture else [],
+        "launch": launch_command(
+            args.launcher,
+            args.trainer,
+            run_id=args.run_id,
+            item=item,
+            rounds=rounds,
+            resume_from=_resume_from(args),
+        ),
+    }
+    return {
+        "changed": False,
+        "dry_run": True,
+        "plan": summary,
+        "plan_error": error,
+        "round": item["round"],
+        "commands": commands,
+        "shell": {name: shlex.join(argv) for name, argv in commands.items() if argv},
+        "lines": [f"rolling: {summary['line']}" if summary else f"rolling: not planned here ({error})"],
+    }
+
+
+def drive(args: argparse.Namespace) -> dict[str, Any]:
+    """Plan, then train round after round (see the module's docstring); what every step said is kept."""
+    if args.dry_run:
+        return _dry_run(args)
+    ledger_path = Path(args.ledger)
+    summary = plan(args)
+    changed = bool(summary["changed"])
+    lines = [f"rolling: {summary['line']}"]
+    lines += [json.dumps(item, sort_keys=True) for item in summary["rounds_detail"]]
+    trainer = _trainer(args.status)
+    outcome = "finished"
+    for number in range(summary["rounds"]):
+        where = status(_ledger_args(args))
+        if where["current_round"] != number:
+            continue
+        item = {**where["round"], "round": number}
+        trainer = _trainer(args.status)
+        if trainer.get("state") not in ("starting", "running"):
+            prepared = prepare(_ledger_args(args, round=number))
+            changed = changed or bool(prepared["changed"])
+            if args.capture:
+                captured = _run_step(
+                    capture_command(args.capture, ledger_path, item), f"round {number + 1}'s capture"
+                )
+                changed = changed or int(captured.get("written", 0)) > 0
+                lines.append(
+                    f"round {number + 1}: {captured.get('samples')} samples, {captured.get('written')} "
+                    f"captured now, {captured.get('skipped')} already on disk, {captured.get('dropped')} "
+                    "dropped"
+                )
+            checked = check(_ledger_args(args, round=number, budget_bytes=args.budget_bytes))
+            changed = changed or bool(checked["changed"])
+            lines.append(checked["line"])
+            launched = _run_step(
+                launch_command(
+                    args.launcher,
+                    args.trainer,
+                    run_id=args.run_id,
+                    item=item,
+                    rounds=summary["rounds"],
+                    resume_from=_resume_from(args),
+                ),
+                f"round {number + 1}'s launch",
+            )
+            changed = changed or bool(launched.get("started"))
+        trainer = _watch(args.status, time.monotonic() + args.wait)
+        lines.append(f"round {number + 1}/{summary['rounds']}: {trainer.get('line', trainer.get('state'))}")
+        if trainer.get("state") != "succeeded":
+            outcome = "running" if trainer.get("state") in ("starting", "running") else "failed"
+            break
+        finished = finish(_ledger_args(args))
+        changed = changed or bool(finished["changed"])
+        if finished["current_round"] == number:
+            raise StepFailed(
+                f"SpecForge ended round {number + 1} with success but its newest checkpoint is at step "
+                f"{finished['checkpoint_step']}, before the round's last step {item['last_step']}: the run "
+                f"stopped early (see {trainer.get('log') or 'the training log'}). Running the train stage "
+                "again trains the round again from that checkpoint."
+            )
+    if outcome != "failed":
+        # After the last round the feature directory goes; after a watch that ran out of time the current
+        # round's features stay for the trainer still running, the trained rounds' are emptied.
+        finished = finish(_ledger_args(args))
+        changed = changed or bool(finished["changed"])
+    where = status(_ledger_args(args))
+    lines.append(f"rolling: {where['line']}")
+    return {
+        "changed": changed,
+        "state": outcome if not where["finished"] else "finished",
+        "rounds": summary["rounds"],
+        "current_round": where["current_round"],
+        "finished": where["finished"],
+        "trainer": trainer,
+        "lines": lines,
+        "line": where["line"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m regen.training.rolling", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    commands = {name: sub.add_parser(name) for name in ("plan", "status", "prepare", "check", "finish")}
+    commands = {
+        name: sub.add_parser(name) for name in ("plan", "status", "prepare", "check", "finish", "run")
+    }
     for p in commands.values():
         p.add_argument("--ledger", required=True, help="the rounds ledger (JSON)")
         p.add_argument("--checkpoints", required=True, help="SpecForge's output_dir of the run")
         p.add_argument("--run-id", required=True, help="SpecForge's run_id")
-    p = commands["plan"]
+    for p in (commands["plan"], commands["run"]):
+        _plan_arguments(p)
+    p = commands["run"]
+    p.add_argument(
+        "--capture", type=json.loads, required=True, help="capture job argv (JSON list, [] for none)"
+    )
+    p.add_argument(
+        "--launcher", type=json.loads, required=True, help="launcher `start` argv up to its `--` (JSON)"
+    )
+    p.add_argument("--trainer", type=json.loads, required=True, help="the trainer's argv (JSON list)")
+    p.add_argument("--status", required=True, help="the trainer's status document (the launcher's --status)")
+    p.add_argument("--wait", type=float, default=0.0, help="seconds to watch each round's trainer")
+    for name in ("prepare", "check"):
+        commands[name].add_argument("--round", type=int, required=True, help="round number, from 0")
+    commands["check"].add_argument(
+        "--budget-bytes", type=int, default=None, help="today's budget (the lower wins)"
+    )
+    args = parser.parse_args(argv)
+    handler = {
+        "plan": plan,
+        "status": status,
+        "prepare": prepare,
+        "check": check,
+        "finish": finish,
+        "run": drive,
+    }[args.command]
+    try:
+        result = handler(args)
+    except (RollingError, CaptureError) as exc:
+        print(json.dumps({"failed": True, "msg": str(exc)}))
+        return 2
+    except StepFailed as exc:
+        print(json.dumps({"failed": True, "msg": str(exc)}))
+        return 1
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--features", required=True, help="the run's feature directory (SpecForge's hidden_states_path)"
     )
@@ -781,22 +1049,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--total-steps", type=int, required=True, help="optimizer steps of the whole run")
     p.add_argument("--seed", type=int, default=42, help="SpecForge's training.seed (its sampler's seed)")
     p.add_argument("--dry-run", action="store_true", help="plan and print, write nothing")
-    for name in ("prepare", "check"):
-        commands[name].add_argument("--round", type=int, required=True, help="round number, from 0")
-    commands["check"].add_argument(
-        "--budget-bytes", type=int, default=None, help="today's budget (the lower wins)"
-    )
-    args = parser.parse_args(argv)
-    handler = {"plan": plan, "status": status, "prepare": prepare, "check": check, "finish": finish}[
-        args.command
-    ]
-    try:
-        result = handler(args)
-    except (RollingError, CaptureError) as exc:
-        print(json.dumps({"failed": True, "msg": str(exc)}))
-        return 2
-    print(json.dumps(result, sort_keys=True))
-    return 0
 
 
 if __name__ == "__main__":
