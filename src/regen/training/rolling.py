@@ -779,6 +779,10 @@ _PLACEHOLDER_ROUND = {
 }
 
 
+# How often a watched round prints its progress (to stderr, which the train stage's log keeps).
+_WATCH_SLICE_S = 30.0
+
+
 class StepFailed(Exception):
     """A capture or a launch that failed, or a round its trainer ended early: the run stops here."""
 
@@ -847,25 +851,22 @@ def _run_step(argv: list[str], what: str) -> dict[str, Any]:
     return _json_tail(result.stdout)
 
 
-def _trainer(status_path: str) -> dict[str, Any]:
-    from regen.training.launcher import current_status
+def _trainer(args: argparse.Namespace, wait: float = 0.0) -> dict[str, Any]:
+    """The trainer's status from the launcher (liveness checked), after up to `wait` seconds for it to end.
+    Asked through the helper interpreter, as the role asks it: this driver runs in the training venv
+    (the plan needs SpecForge's sampler), which need not have the launcher's dependencies."""
+    argv = [args.helper_python, "-m", "regen.training.launcher", "status", "--status", args.status]
+    if wait > 0:
+        argv += ["--until-final", "--wait", f"{wait:.1f}"]
+    return _run_step(argv, "the trainer's status")
 
-    return current_status(status_path) or {
-        "state": "absent",
-        "line": "absent | nothing launched on this host yet",
-    }
 
-
-def _watch(status_path: str, deadline: float) -> dict[str, Any]:
-    """The trainer's status once it is final (lost counts), or at the deadline; progress to stderr."""
-    status = _trainer(status_path)
-    last = None
+def _watch(args: argparse.Namespace, deadline: float) -> dict[str, Any]:
+    """The trainer's status once it is final (lost counts), or at the deadline; progress lines to stderr."""
+    status = _trainer(args)
     while status.get("state") in ("starting", "running") and time.monotonic() < deadline:
-        if status.get("line") != last:
-            last = status.get("line")
-            print(last, file=sys.stderr, flush=True)
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        status = _trainer(status_path)
+        print(status.get("line"), file=sys.stderr, flush=True)
+        status = _trainer(args, wait=min(_WATCH_SLICE_S, max(0.1, deadline - time.monotonic())))
     return status
 
 
@@ -874,8 +875,11 @@ def _dry_run(args: argparse.Namespace) -> dict[str, Any]:
     summary, error = None, None
     try:
         summary = plan(args)
-    except (RollingError, CaptureError) as exc:
+    except (RollingError, CaptureError, OSError) as exc:
         error = str(exc)
+    except ImportError as exc:
+        # Check mode on a host whose training venv is not there yet: the helper shows the commands.
+        error = f"the plan needs SpecForge's sampler, which this interpreter cannot import ({exc})"
     item, rounds = dict(_PLACEHOLDER_ROUND), 1
     if summary and summary["current_round"] is not None:
         item = {**summary["rounds_detail"][summary["current_round"]], "round": summary["current_round"]}
@@ -912,14 +916,14 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
     changed = bool(summary["changed"])
     lines = [f"rolling: {summary['line']}"]
     lines += [json.dumps(item, sort_keys=True) for item in summary["rounds_detail"]]
-    trainer = _trainer(args.status)
+    trainer = _trainer(args)
     outcome = "finished"
     for number in range(summary["rounds"]):
         where = status(_ledger_args(args))
         if where["current_round"] != number:
             continue
         item = {**where["round"], "round": number}
-        trainer = _trainer(args.status)
+        trainer = _trainer(args)
         if trainer.get("state") not in ("starting", "running"):
             prepared = prepare(_ledger_args(args, round=number))
             changed = changed or bool(prepared["changed"])
@@ -948,7 +952,7 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
                 f"round {number + 1}'s launch",
             )
             changed = changed or bool(launched.get("started"))
-        trainer = _watch(args.status, time.monotonic() + args.wait)
+        trainer = _watch(args, time.monotonic() + args.wait)
         lines.append(f"round {number + 1}/{summary['rounds']}: {trainer.get('line', trainer.get('state'))}")
         if trainer.get("state") != "succeeded":
             outcome = "running" if trainer.get("state") in ("starting", "running") else "failed"
@@ -1005,6 +1009,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer", type=json.loads, required=True, help="the trainer's argv (JSON list)")
     p.add_argument("--status", required=True, help="the trainer's status document (the launcher's --status)")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to watch each round's trainer")
+    p.add_argument(
+        "--helper-python",
+        default=sys.executable,
+        help="interpreter that asks the launcher for the trainer's status (the role's helper)",
+    )
     for name in ("prepare", "check"):
         commands[name].add_argument("--round", type=int, required=True, help="round number, from 0")
     commands["check"].add_argument(
