@@ -45,7 +45,9 @@ def test_prompts_and_generate_stages(tmp_path):
                             "value": {"thinking": True},
                             "reason": "the template reads it",
                         }
-                    }
+                    },
+                    # the one length budget: max_tokens per turn (no role falls back to a number)
+                    "length": {"max_tokens": {"value": 4096, "reason": "the default per turn"}},
                 }
             },
             "prompt_data_sources": [

@@ -22,7 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.ansible import ansible_env, localhost_inventory, run_playbook
+from tests.helpers.ansible import (
+    DEMO_MODEL_SERVING_VARS,
+    ansible_env,
+    local_inventory_vars,
+    localhost_inventory,
+    run_playbook,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +49,8 @@ def _inventory(tmp_path: Path, model: Path, port: int, **extra: object) -> Path:
         "regen_serving_python": sys.executable,
         "regen_job_python": sys.executable,
         "sglang_server_port": port,
+        # the demo model is served as the local inventory serves it
+        **local_inventory_vars(*DEMO_MODEL_SERVING_VARS),
         **extra,
     }
     return localhost_inventory(tmp_path / "inventory.yml", groups=("regen_serve",), variables=variables)
