@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from ansible.module_utils.regen_disagg import CAPTURE_CONTEXT_HEADROOM, capture_context_length
-from ansible.module_utils.regen_plan import nested, plan_entry, plan_values, unknown_entries
+from .regen_disagg import CAPTURE_CONTEXT_HEADROOM, capture_context_length
+from .regen_plan import nested, plan_entry, plan_values, unknown_entries
 
 # A documented value for a setting that neither the variable nor the plan gives.
 Default = namedtuple("Default", ["value", "reason"])
