@@ -26,6 +26,13 @@ def stage_vars(tmp_path: Path, stub: StubServer, **more) -> dict:
         "regen_artifacts_dir": str(tmp_path / "artifacts"),
         "regen_serving_endpoint": stub.url,
         "regen_served_model_name": "regen-demo-kimi",
+        # what the introspect stage publishes: the kwargs and the length budget's max_tokens
+        "regen_model_facts": {
+            "plan": {
+                "generation": {"chat_template_kwargs": {"value": {}, "reason": "none"}},
+                "length": {"max_tokens": {"value": 4096, "reason": "the default per turn"}},
+            }
+        },
         "prompt_data_sources": [{"builtin": "demo"}],
         "completions_poll_interval_s": 1,
         "completions_concurrency": 4,

@@ -151,7 +151,11 @@ def test_serve_answers_then_idempotent_then_teardown(
     assert (changed, failed) == (0, 0), output[-5000:]
     assert _pid(state) == pid
 
-    assert json.loads((records / "state.json").read_text()) == {"state": "running"}
+    # the record a stage run alone reads to reach this server (serving_endpoints_info), on its own port
+    assert json.loads((records / "state.json").read_text()) == {
+        "state": "running", "kind": "server", "endpoint": f"http://127.0.0.1:{port}",
+        "api_base": f"http://127.0.0.1:{port}/v1", "served_model_name": str(demo_model_dir),
+    }
     output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
     # Two changes: the process stopped, and its recorded state (what the run summary shows).
     assert failed == 0 and changed == 2, output[-5000:]
