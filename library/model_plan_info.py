@@ -103,10 +103,7 @@ plan_unknown:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.regen_budget import BudgetError
-from ansible.module_utils.regen_plan import make_plan, override_errors, plan_values, unknown_entries
-from ansible.module_utils.regen_simulator import plan_entry as simulator_entry
-from ansible.module_utils.regen_sweep import apply_report
+from ansible.module_utils.regen_plan import PlanInputError, build_plan, override_errors
 
 
 def main():
@@ -128,26 +125,18 @@ def main():
     errors = override_errors(p["overrides"])
     if errors:
         module.fail_json(msg="; ".join(errors), override_errors=errors)
-    plan = None
-    if p["architecture"] is not None:
-        try:
-            plan = make_plan(p["architecture"], p["tokenizer"], p["gpu"], p["overrides"],
-                             prompts=p["prompts"], length_budget=p["length_budget"])
-        except BudgetError as exc:
-            module.fail_json(msg=str(exc))
-        # The measured layout (when a sweep report fits this model and host), then the simulator's estimate
-        # beside the final choice; each only when the role passed it.
-        if p["sweep_report"] is not None:
-            plan = apply_report(
-                plan, p["sweep_report"], p["overrides"], p["architecture"], p["gpu"], p["backend"]
-            )
-        if p["simulation"] is not None:
-            serving = plan_values(plan)["serving"]
-            plan["serving"]["simulator_estimate"] = simulator_entry(p["simulation"], serving)
-    module.exit_json(
-        changed=False, plan=plan, plan_values=plan_values(plan) if plan is not None else None,
-        plan_unknown=unknown_entries(plan),
-    )
+    if p["architecture"] is None:  # only the overrides were to be checked
+        module.exit_json(changed=False, plan=None, plan_values=None, plan_unknown={})
+    # The one plan builder, shared with `regen facts --model-path` (src/regen/cli/local_facts.py).
+    try:
+        built = build_plan(
+            p["architecture"], p["tokenizer"], p["gpu"], p["overrides"], prompts=p["prompts"],
+            length_budget=p["length_budget"], sweep_report=p["sweep_report"], backend=p["backend"],
+            simulation=p["simulation"],
+        )
+    except PlanInputError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, **built)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 
-from ansible.module_utils import regen_budget
-from ansible.module_utils.regen_attention_backends import backend_for_facts
-from ansible.module_utils.regen_config import DTYPE_BYTES
-from ansible.module_utils.regen_families import THINKING_SWITCHES, family_of
+from . import regen_budget, regen_simulator, regen_sweep
+from .regen_attention_backends import backend_for_facts
+from .regen_config import DTYPE_BYTES
+from .regen_families import THINKING_SWITCHES, family_of
 
 GIB = 1024**3
 DEFAULTS = {
@@ -806,3 +806,39 @@ def make_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=No
         )
     plan["warnings"] = planner.warnings
     return plan
+
+
+class PlanInputError(ValueError):
+    """The plan's inputs are wrong: an unknown override (each named), or a length budget that cannot hold
+    the longest prompt (regen_budget.BudgetError's message)."""
+
+
+def build_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=None, length_budget=None,
+               sweep_report=None, backend=None, simulation=None):
+    """The plan document and its two readings, built one way for every caller: {plan, plan_values,
+    plan_unknown}. The model_plan_info module (the introspect stage) and `regen facts --model-path` both
+    call this; what a caller does not have (no sweep report, no simulator run) is passed as None and left
+    out, exactly as the stage leaves it out.
+
+    The overrides are checked first (every unknown key named); then make_plan, then the layout sweep's
+    measured layout when `sweep_report` is given (regen_sweep.apply_report: applied only when it was
+    measured for this model, GPU count and backend), then the simulator's estimate beside the final
+    choice when `simulation` is given. Raises PlanInputError.
+    """
+    overrides = dict(overrides or {})
+    errors = override_errors(overrides)
+    if errors:
+        raise PlanInputError("; ".join(errors))
+    try:
+        plan = make_plan(
+            architecture, tokenizer, gpu, overrides, prompts=prompts, length_budget=length_budget
+        )
+    except regen_budget.BudgetError as exc:
+        raise PlanInputError(str(exc)) from None
+    if sweep_report is not None:
+        plan = regen_sweep.apply_report(plan, sweep_report, overrides, architecture, gpu, backend)
+    if simulation is not None:
+        plan["serving"]["simulator_estimate"] = regen_simulator.plan_entry(
+            simulation, plan_values(plan)["serving"]
+        )
+    return {"plan": plan, "plan_values": plan_values(plan), "plan_unknown": unknown_entries(plan)}

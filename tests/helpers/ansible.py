@@ -31,6 +31,17 @@ _RECAP = re.compile(
 _COUNT = re.compile(r"(\w+)=(\d+)")
 
 
+def local_inventory_vars(*names: str) -> dict[str, Any]:
+    """The local inventory's values of ``names`` (inventory/local/group_vars/all.yml): what the demo model
+    needs differently from a production model, for tests that serve it through an inventory of their own."""
+    values = yaml.safe_load((ROOT / "inventory" / "local" / "group_vars" / "all.yml").read_text())
+    return {name: values[name] for name in names}
+
+
+# What serving the demo model needs (its answers cannot pass the quality gate's probes).
+DEMO_MODEL_SERVING_VARS = ("sglang_server_quality_not_applicable_reason",)
+
+
 def ansible_env(**extra: str) -> dict[str, str]:
     """The caller's environment plus the repo's ansible.cfg, the venv's bin first on PATH and no colour.
 

@@ -18,6 +18,14 @@ from tests.helpers.ansible import localhost_inventory, run_playbook
 from tests.helpers.evaluate_venv import DRAFTER_SNIPPET, ROOT, VENV, evaluate_python, run_python
 
 SMALL = ["--max-prompts", "2", "--max-new-tokens", "8"]
+# What the introspect stage publishes and the stage reads through its settings resolver: the length budget
+# (prompt tokens kept = budget - max_new_tokens) and the chat-template kwargs.
+PLAN_FACTS = {
+    "plan": {
+        "length": {"budget": {"value": 264, "reason": "256 prompt tokens + 8 generated"}},
+        "generation": {"chat_template_kwargs": {"value": {}, "reason": "none"}},
+    }
+}
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +124,7 @@ def test_playbook_publishes_the_report_and_a_second_run_changes_nothing(
             "regen_profile": "cpu",
             "drafter_evaluation_max_prompts": 2,
             "drafter_evaluation_max_new_tokens": 8,
+            "regen_model_facts": PLAN_FACTS,
         },
     )
     extra = {"evaluate_checkpoint": str(work / "drafter-a"), "evaluate_prompts": str(work / "prompts.jsonl")}
@@ -185,6 +194,7 @@ def test_playbook_evaluates_the_prompts_stage_held_out_split(
             "drafter_evaluation_max_prompts": 2,
             "drafter_evaluation_max_new_tokens": 4,
             "drafter_evaluation_drafters": ["oracle"],
+            "regen_model_facts": PLAN_FACTS,
         },
     )
     run = run_playbook(

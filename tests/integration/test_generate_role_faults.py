@@ -26,6 +26,13 @@ def stage_vars(tmp_path: Path, stub: StubServer, **more) -> dict:
         "regen_artifacts_dir": str(tmp_path / "artifacts"),
         "regen_serving_endpoint": stub.url,
         "regen_served_model_name": "regen-demo-kimi",
+        # what the introspect stage publishes: the kwargs and the length budget's max_tokens
+        "regen_model_facts": {
+            "plan": {
+                "generation": {"chat_template_kwargs": {"value": {}, "reason": "none"}},
+                "length": {"max_tokens": {"value": 4096, "reason": "the default per turn"}},
+            }
+        },
         "prompt_data_sources": [{"builtin": "demo"}],
         "completions_poll_interval_s": 1,
         "completions_concurrency": 4,
@@ -63,10 +70,12 @@ def test_a_full_disk_fails_the_stage_with_the_jobs_own_message(tmp_path, small_t
 def test_the_api_key_and_the_hf_token_reach_the_jobs_in_files_and_never_show(tmp_path):
     key, token = "sk-role-secret-4242", "hf_role_token_5151"
     with StubServer(StubConfig(record=True)) as stub:
-        extra = stage_vars(tmp_path, stub, completions_api_key=key, prompt_data_hf_token=token)
+        # the pipeline's one key (regen_api_key), handed to the job as the serve stage hands its own
+        extra = stage_vars(tmp_path, stub, regen_api_key=key, prompt_data_hf_token=token)
         run = run_playbook(PLAYBOOKS, "-vvv", extra_vars=extra, timeout=300)
         assert run.returncode == 0, run.output[-4000:]
         assert stub.requests and all(r["authorization"] == f"Bearer {key}" for r in stub.requests)
+    assert "--api-key-env-file" in run.output and "DEPRECATED" not in run.output
     # not in the task results at -v (the old `_completions_environment` fact), not in the
     # `/bin/sh -c '... AnsiballZ'` command lines that -vvv prints (and `ps` shows)
     assert key not in run.output and token not in run.output
@@ -86,6 +95,8 @@ def test_a_refused_api_key_fails_the_stage_at_once_naming_the_variable(tmp_path)
     assert run.returncode != 0, out[-4000:]
     assert "the generation job exited with 2 (bad arguments or input" in out, out[-4000:]
     assert "HTTP 401" in out and "completions_api_key" in out and "sk-wrong-7777" not in out, out[-4000:]
+    # the role-level name still works, and says it is deprecated
+    assert "DEPRECATED: completions_api_key set on its own: set regen_api_key" in " ".join(out.split())
     assert sent < 24, "stopped at the first refusals instead of sending every prompt"
 
 
@@ -128,9 +139,10 @@ def test_an_endpoint_password_never_shows_and_the_job_still_uses_it(tmp_path):
 def test_a_server_answering_garbage_fails_the_stage_with_the_detectors_words(tmp_path):
     # Every answer is the "+" x 50 an NVFP4 model served on sm_120 (sgl-project/sglang issue 24321): with the
     # role's defaults the rolling stop trips after 20 answers and the stage fails, keeping what it wrote.
+    # (The local inventory turns the stop off for its demo model: the role's default window is set again.)
     garbage = "+" * 50
     with StubServer(StubConfig(replies={"": garbage})) as stub:
-        extra = stage_vars(tmp_path, stub, completions_concurrency=1)
+        extra = stage_vars(tmp_path, stub, completions_concurrency=1, completions_degenerate_window=200)
         run = run_playbook(PLAYBOOKS, extra_vars=extra, timeout=300)
     out = run.output
     assert run.returncode != 0 and run.counts("localhost")["failed"] == 1, out[-4000:]

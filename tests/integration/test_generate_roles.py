@@ -45,7 +45,9 @@ def test_prompts_and_generate_stages(tmp_path):
                             "value": {"thinking": True},
                             "reason": "the template reads it",
                         }
-                    }
+                    },
+                    # the one length budget: max_tokens per turn (no role falls back to a number)
+                    "length": {"max_tokens": {"value": 4096, "reason": "the default per turn"}},
                 }
             },
             "prompt_data_sources": [
@@ -104,3 +106,39 @@ def write_poison(tmp_path: Path) -> Path:
         "".join(json.dumps({"id": f"x{i}", "prompt": f"POISON prompt {i}"}) + "\n" for i in range(2))
     )
     return path
+
+
+def test_a_stage_run_alone_reaches_the_recorded_server_or_fails_naming_the_variable(tmp_path):
+    """`--tags generate` on its own: no endpoint is set or published in this run. Without a serving record
+    the stage fails naming completions_endpoints and the records' directory (no default port is tried);
+    with the record the serve stage writes (serving/<host>-<instance>/state.json) it sends every request
+    to the recorded server, here on a port that is not SGLang's default."""
+    with StubServer(StubConfig(delay=0.0, record=True)) as stub:
+        assert not stub.url.endswith(":30000")
+        extra = {
+            "regen_work_dir": str(tmp_path / "work"),
+            "regen_artifacts_dir": str(tmp_path / "artifacts"),
+            "regen_model_facts": {
+                "plan": {
+                    "generation": {"chat_template_kwargs": {"value": {}, "reason": "none"}},
+                    "length": {"max_tokens": {"value": 16, "reason": "short answers"}},
+                }
+            },
+            "prompt_data_sample": 3,
+            "prompt_data_eval_fraction": 0.0,
+            "completions_concurrency": 2,
+            "completions_poll_interval_s": 1,
+        }
+        rc, _, out = play(extra)
+        said = " ".join(out.split())
+        assert rc != 0 and "completions_endpoints is not set" in said, out[-4000:]
+        assert f"{tmp_path}/artifacts/serving" in said and stub.requests == []
+
+        # what the serving role records while its server runs (roles/sglang_server/tasks/record.yml)
+        record = tmp_path / "artifacts" / "serving" / "localhost-main"
+        record.mkdir(parents=True)
+        state = {"state": "running", "kind": "server", "endpoint": stub.url, "served_model_name": "recorded"}
+        (record / "state.json").write_text(json.dumps(state))
+        rc, _, out = play(extra)
+        assert rc == 0, out[-4000:]
+        assert len(stub.requests) >= 3 and all(r["body"]["model"] == "recorded" for r in stub.requests)

@@ -3,8 +3,8 @@
 The demo model (tiny, pre-trained on a 12 KB corpus) cannot answer the probes, which makes it a real
 wrong-answer server: with the gate
 enforced (sglang_server_quality_not_applicable_reason: '') the serve stage must fail naming the failed
-probes, the suggestion and the log tail; by default the role finds the demo model in config.json and
-marks the probes not applicable (they still run), and a second run stays changed=0.
+probes, the suggestion and the log tail; with the local inventory's reason for the demo model the probes
+are marked not applicable (they still run), and a second run stays changed=0.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.integration.test_serve_role import _free_port, _inventory, _play, teardown_after  # noqa: F401
 
 
-def test_gate_fails_on_the_demo_model_when_enforced_and_is_not_applicable_by_default(
+def test_gate_fails_on_the_demo_model_when_enforced_and_not_applicable_as_the_local_inventory_says(
     tmp_path: Path, demo_model_dir: Path, teardown_after  # noqa: F811
 ) -> None:
     port = _free_port()
@@ -29,7 +29,7 @@ def test_gate_fails_on_the_demo_model_when_enforced_and_is_not_applicable_by_def
     assert "capital-france: expected 'Paris' in the answer" in output
     assert "--- last log lines ---" in output
 
-    # Same server (it stays up), default settings: the demo model is recognised as not applicable.
+    # Same server (it stays up), the local inventory's settings: the demo model's probes are not applicable.
     default = _inventory(tmp_path, demo_model_dir, port)
     output, (_, _, _, failed) = _play(default, "serve.yml")
     assert failed == 0, output[-5000:]

@@ -22,7 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.ansible import ansible_env, localhost_inventory, run_playbook
+from tests.helpers.ansible import (
+    DEMO_MODEL_SERVING_VARS,
+    ansible_env,
+    local_inventory_vars,
+    localhost_inventory,
+    run_playbook,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +49,8 @@ def _inventory(tmp_path: Path, model: Path, port: int, **extra: object) -> Path:
         "regen_serving_python": sys.executable,
         "regen_job_python": sys.executable,
         "sglang_server_port": port,
+        # the demo model is served as the local inventory serves it
+        **local_inventory_vars(*DEMO_MODEL_SERVING_VARS),
         **extra,
     }
     return localhost_inventory(tmp_path / "inventory.yml", groups=("regen_serve",), variables=variables)
@@ -143,7 +151,11 @@ def test_serve_answers_then_idempotent_then_teardown(
     assert (changed, failed) == (0, 0), output[-5000:]
     assert _pid(state) == pid
 
-    assert json.loads((records / "state.json").read_text()) == {"state": "running"}
+    # the record a stage run alone reads to reach this server (serving_endpoints_info), on its own port
+    assert json.loads((records / "state.json").read_text()) == {
+        "state": "running", "kind": "server", "endpoint": f"http://127.0.0.1:{port}",
+        "api_base": f"http://127.0.0.1:{port}/v1", "served_model_name": str(demo_model_dir),
+    }
     output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
     # Two changes: the process stopped, and its recorded state (what the run summary shows).
     assert failed == 0 and changed == 2, output[-5000:]

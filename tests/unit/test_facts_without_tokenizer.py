@@ -248,6 +248,24 @@ def test_regen_facts_model_path_without_gpus_plans_for_the_cpu(
     )
 
 
+def test_regen_facts_model_path_and_model_plan_info_build_the_same_plan(
+    kimi_config_only: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One plan builder (regen_plan.build_plan): the CLI's plan is the module's for the same inputs."""
+    from tests.helpers.modules import run_module
+
+    gpu = ["--gpus", "8", "--gpu-memory-gib", "96", "--compute-capability", "12.0"]
+    assert main(["facts", "--model-path", str(kimi_config_only), *gpu, "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    args = {key: facts[key] for key in ("architecture", "tokenizer")} | {"gpu": facts["environment"]["gpu"]}
+    module = run_module("model_plan_info", args, capsys)
+    assert module["plan"] == facts["plan"] and module["plan_unknown"] == facts["plan_unknown"]
+    assert module["plan_values"] == facts["plan_values"]
+    # and the CLI loads that code as the package's own module_utils, without touching Ansible's path
+    source = (ROOT / "src" / "regen" / "cli" / "local_facts.py").read_text()
+    assert "__path__" not in source and "from regen.module_utils import" in source
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [

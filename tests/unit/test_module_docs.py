@@ -182,6 +182,15 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         return {"serving": serving, "checkpoint": "/d", "block_size": 16, "batch_concurrency": 16}
     if name == "sweep_layouts_info":
         return {"facts": KIMI_FACTS, "layouts": [{"name": "tp4", "tp_size": 4}]}
+    if name == "serving_endpoints_info":
+        record = tmp_path / "serving" / "ct200-main"
+        record.mkdir(parents=True)
+        (record / "state.json").write_text(json.dumps({"state": "running", "endpoint": "http://127.0.0.1:30001"}))
+        return {"path": str(tmp_path / "serving")}
+    if name == "stage_settings_info":
+        overrides = {"completions_max_tokens": None, "completions_concurrency": None,
+                     "completions_chat_template_kwargs": None}
+        return {"stage": "generate", "plan": KIMI_FACTS["plan"], "overrides": overrides}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 

@@ -101,9 +101,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_facts(args: argparse.Namespace, console: Console) -> int:
+    if args.model_path is not None:  # no checkout needed: the package carries the plan's code
+        return _facts_of_model_dir(args, console)
     project = find_project(args.project)
-    if args.model_path is not None:
-        return _facts_of_model_dir(args, project.root, console)
     gpu_flags = (
         ("--gpus", args.gpus),
         ("--gpu-memory-gib", args.gpu_memory_gib),
@@ -160,9 +160,9 @@ def cmd_facts(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _facts_of_model_dir(args: argparse.Namespace, project_root: Path, console: Console) -> int:
+def _facts_of_model_dir(args: argparse.Namespace, console: Console) -> int:
     """`regen facts --model-path DIR`: the module_utils functions called here, nothing run anywhere."""
-    from regen.cli.local_facts import LocalFactsError, local_facts
+    from regen.cli.local_facts import local_facts
 
     flags = (
         ("-i", args.inventory),
@@ -174,18 +174,13 @@ def _facts_of_model_dir(args: argparse.Namespace, project_root: Path, console: C
     if inventory_flags:
         raise BadInput(f"--model-path reads the directory on this machine: {', '.join(inventory_flags)} "
                        "would be ignored; drop them, or drop --model-path to introspect the inventory")
-    try:
-        facts = local_facts(
-            project_root,
-            args.model_path,
-            gpus=args.gpus,
-            memory_gib=args.gpu_memory_gib,
-            capability=args.compute_capability,
-            tokenizer_mode=args.tokenizer_mode,
-        )
-    except LocalFactsError as exc:
-        make_console(stderr=True).print(Text(f"regen: {exc}", style="bold red"))
-        return int(ExitCode.ERROR)
+    facts = local_facts(
+        args.model_path,
+        gpus=args.gpus,
+        memory_gib=args.gpu_memory_gib,
+        capability=args.compute_capability,
+        tokenizer_mode=args.tokenizer_mode,
+    )
     if args.json:
         print(json.dumps(facts, indent=1, default=str))
         return 0

@@ -1,52 +1,27 @@
 """`regen facts --model-path DIR`: the facts and the plan of a model directory, read on this machine.
 
 No inventory, no SSH, no GPU and no ansible-playbook run: the same pure functions the introspect stage's
-modules call (`read_model_dir`, the tokenizer reader, `make_plan`), imported from the checkout's
-`module_utils/` as Ansible imports them (`ansible.module_utils.<name>`). The GPUs the plan is for are
-described on the command line. A directory with only `config.json` (and no tokenizer files) still gets
-its architecture and every plan part the config decides; the tokenizer-dependent parts are unknown,
-with the reason and the remedy.
+modules call (`read_model_dir`, the tokenizer reader, and `build_plan`, the one plan builder that
+`model_plan_info` calls too), imported from the package's `regen.module_utils` (the checkout's
+`module_utils/`, docs/module-utils-sharing.md). The GPUs the plan is for are described on the command
+line. A directory with only `config.json` (and no tokenizer files) still gets its architecture and every
+plan part the config decides; the tokenizer-dependent parts are unknown, with the reason and the remedy.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from regen.module_utils import regen_config, regen_gpu, regen_plan, regen_tokenizer
 from regen.runner import BadInput
 
 GIB = 1024**3
 _CAPABILITY = re.compile(r"^\d{1,2}\.\d$")
 # What reads the tokenizer here: the raw files by default, so no model-shipped code runs on this machine.
 TOKENIZER_MODES = ("raw_files", "auto", "library")
-
-
-class LocalFactsError(Exception):
-    """The checkout cannot provide the introspection logic (no module_utils/, no ansible-core)."""
-
-
-def _module_utils(project_root: Path) -> dict[str, ModuleType]:
-    """The introspection modules from `<checkout>/module_utils`, as `ansible.module_utils.<name>` (their
-    own imports name each other that way, so they must come from that package and nowhere else)."""
-    directory = project_root / "module_utils"
-    if not (directory / "regen_plan.py").is_file():
-        raise LocalFactsError(
-            f"{directory} has no regen_plan.py: run regen from a regen checkout (--project DIR)"
-        )
-    try:
-        import ansible.module_utils
-    except ImportError as exc:
-        raise LocalFactsError(
-            f"ansible-core is not importable ({exc}); use the project venv (scripts/bootstrap.sh)"
-        ) from None
-    if str(directory) not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(str(directory))
-    names = ("regen_config", "regen_tokenizer", "regen_gpu", "regen_plan")
-    return {name: importlib.import_module(f"ansible.module_utils.{name}") for name in names}
 
 
 def check_gpu_spec(gpus: int | None, memory_gib: float | None, capability: str | None) -> None:
@@ -65,7 +40,6 @@ def check_gpu_spec(gpus: int | None, memory_gib: float | None, capability: str |
 
 
 def local_facts(
-    project_root: Path,
     model_path: str | Path,
     *,
     gpus: int | None = None,
@@ -73,27 +47,36 @@ def local_facts(
     capability: str | None = None,
     tokenizer_mode: str = "raw_files",
     overrides: Mapping[str, Any] | None = None,
+    sweep_report: Mapping[str, Any] | None = None,
+    backend: str | None = None,
 ) -> dict[str, Any]:
-    """The facts document (the introspect stage's shape) of `model_path` for the GPUs described."""
+    """The facts document (the introspect stage's shape) of `model_path` for the GPUs described.
+
+    The plan comes from `build_plan` with what this machine has: no simulator run, and the layout sweep's
+    report only when given (it is applied only when it was measured for this model, GPU count and
+    backend), exactly as the introspect stage leaves out what it does not have.
+    """
     check_gpu_spec(gpus, memory_gib, capability)
     if tokenizer_mode not in TOKENIZER_MODES:
         raise BadInput(f"--tokenizer-mode {tokenizer_mode!r}: one of {', '.join(TOKENIZER_MODES)}")
-    mods = _module_utils(project_root)
     path = str(Path(model_path).expanduser().absolute())
     try:
-        architecture = mods["regen_config"].read_model_dir(path)
-    except mods["regen_config"].ModelDirError as exc:
+        architecture = regen_config.read_model_dir(path)
+    except regen_config.ModelDirError as exc:
         raise BadInput(str(exc)) from None
     try:
-        tokenizer = mods["regen_tokenizer"].gather(path, mode=tokenizer_mode, unreadable="unknown")
-    except mods["regen_tokenizer"].TokenizerError as exc:  # library mode: the user asked for it to load
+        tokenizer = regen_tokenizer.gather(path, mode=tokenizer_mode, unreadable="unknown")
+    except regen_tokenizer.TokenizerError as exc:  # library mode: the user asked for it to load
         raise BadInput(str(exc)) from None
     memory = int(memory_gib * GIB) if memory_gib else None
-    gpu = mods["regen_gpu"].described(gpus or 0, memory, capability, source="given on the command line")
-    errors = mods["regen_plan"].override_errors(dict(overrides or {}))
-    if errors:
-        raise BadInput("; ".join(errors))
-    plan = mods["regen_plan"].make_plan(architecture, tokenizer, gpu, dict(overrides or {}))
+    gpu = regen_gpu.described(gpus or 0, memory, capability, source="given on the command line")
+    try:
+        built = regen_plan.build_plan(
+            architecture, tokenizer, gpu, dict(overrides or {}),
+            sweep_report=dict(sweep_report) if sweep_report is not None else None, backend=backend,
+        )
+    except regen_plan.PlanInputError as exc:
+        raise BadInput(str(exc)) from None
     return {
         "schema_version": 1,
         "host": None,
@@ -102,9 +85,7 @@ def local_facts(
         "architecture": architecture,
         "tokenizer": tokenizer,
         "environment": {"python": None, "gpu": gpu},
-        "plan": plan,
-        "plan_values": mods["regen_plan"].plan_values(plan),
-        "plan_unknown": mods["regen_plan"].unknown_entries(plan),
+        **built,
     }
 
 

@@ -14,6 +14,7 @@ from regen.jobs._common import (
     JobError,
     job_parser,
     json_object_arg,
+    serving_api_key,
     setup_logging,
     stop_on_sigterm,
     want_progress,
@@ -83,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--model", required=True, help="model name the server serves")
     key = srv.add_mutually_exclusive_group()
     key.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    key.add_argument(
+        "--api-key-env-file",
+        type=Path,
+        metavar="PATH",
+        help="0600 KEY=VALUE file holding REGEN_SERVING_API_KEY, as the serve stage writes it (the way the "
+        "pipeline hands every job the key)",
+    )
     key.add_argument(
         "--api-key-file",
         type=Path,
@@ -174,6 +182,9 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
             raise JobError(
                 f"environment variable {a.api_key_env} (named by --api-key-env) is not set or empty"
             )
+    elif a.api_key_env_file and not a.dry_run:  # the dry run sends nothing (check mode writes no file)
+        source = f"{a.api_key_env_file} (--api-key-env-file)"
+        api_key = serving_api_key(str(a.api_key_env_file))
     elif a.api_key_file and not a.dry_run:  # the dry run sends nothing (and check mode writes no key file)
         source = f"{a.api_key_file} (--api-key-file)"
         try:
@@ -197,7 +208,9 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
                 f"--endpoints-file {a.endpoints_file} cannot be read: {exc.strerror or exc}"
             ) from None
         endpoints += [line.strip() for line in text.splitlines() if line.strip()]
-    if not endpoints and not (a.dry_run and a.endpoints_file is not None):
+    # The dry run asks no server: the generate role's pending step runs it before the serve stage has
+    # started (or recorded) one.
+    if not endpoints and not a.dry_run:
         raise JobError("no server to ask: give at least one --endpoint URL (or an --endpoints-file)")
     for url in endpoints:
         normalize_endpoint(url)
