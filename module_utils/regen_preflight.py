@@ -59,8 +59,9 @@ def parse_nvidia_driver_version(text):
 
 
 def parse_lspci_acs(text):
-    """`lspci -vvv` -> [{"device": "00:01.0", "request_redirect": bool}] for every ACSCtl line: a bridge
-    with ReqRedir+ routes peer-to-peer traffic through the root complex (slow, or hangs NCCL)."""
+    """`lspci -vvv` (or its `grep ACSCtl` lines) -> [{"device": "00:01.0", "request_redirect": bool}] per
+    ACSCtl line: a bridge with ReqRedir+ routes peer-to-peer traffic through the root complex (slow, or
+    hangs NCCL). Lines without a device header (grep output) are named bridge #N."""
     found = []
     device = None
     for line in (text or "").splitlines():
@@ -69,8 +70,11 @@ def parse_lspci_acs(text):
             device = head.group(1)
             continue
         ctl = re.search(r"ACSCtl:.*?ReqRedir([+-])", line)
-        if ctl and device:
-            found.append({"device": device, "request_redirect": ctl.group(1) == "+"})
+        if ctl:
+            found.append(
+                {"device": device or f"bridge #{len(found) + 1}", "request_redirect": ctl.group(1) == "+"}
+            )
+            device = None
     return found
 
 
