@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: preflight_info
 short_description: One table of what a regen run needs on this host, each line with a verdict and its fix
 description:
-  - Reads, never changes: GPU count, memory and driver (from O(gpu), the gpu_info facts) against the
+  - Reads, never changes, the GPU count, memory and driver (from O(gpu), the gpu_info facts) against the
     pinned serving stack's CUDA, the GPU device nodes and their permissions, NCCL peer-to-peer (the
     provision stage's measurement and the ACS state from C(lspci -vvv)), the size of C(/dev/shm), the
     locked-memory limit, the free disk for the weights, completions, features and checkpoints, the ports

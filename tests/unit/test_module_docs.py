@@ -116,6 +116,14 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
     if name == "model_plan_info":
         architecture = run_module("model_config_info", {"path": kimi}, capsys)["architecture"]
         return {"architecture": architecture, "gpu": KIMI_FACTS["environment"]["gpu"]}
+    if name == "preflight_info":
+        work = str(tmp_path / "work")
+        return {
+            "profile": "cpu",
+            "gpu": run_module("gpu_info", {}, capsys)["gpu"],
+            "model_path": str(model),
+            "paths": {"weights": str(model), "completions": work, "features": work, "checkpoints": work},
+        }
     if name == "gpu_requirements_info":
         return {"facts": run_module("gpu_info", {}, capsys)["gpu"], "profile": "cpu"}
     if name == "serving_launch_info":
