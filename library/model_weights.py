@@ -15,13 +15,13 @@ description:
   - C(state=verify_hub) hashes every file against the hub listing C(hf download) wrote for O(commit)
     (sha256 of LFS files, git blob id of the others); a mismatching file is removed with hf's record of it
     (so the next run fetches it again) and the task fails naming it; all good writes the marker.
-  - C(state=mirror) copies from O(mirror_path) on the same host: the sha256 manifest there
+  - C(state=mirror) copies from O(mirror_path) on the same host; the sha256 manifest there
     (C(.regen-sha256.json)) is read, or computed and written there; config and tokenizer files first; each
     file through C(<name>.partial) and a rename; each copy checked against the manifest (a source file that
     does not match its manifest is refused).
   - C(state=manifest) writes the sha256 manifest beside the files in O(dest) when it is absent (the
     bastion's side of the bastion path).
-  - C(state=verify_manifest) checks the files against the manifest that came with them (the bastion path:
+  - C(state=verify_manifest) checks the files against the manifest that came with them (on the bastion path,
     synchronize brings C(.regen-sha256.json) along).
 version_added: "0.1.0"
 author: regen maintainers

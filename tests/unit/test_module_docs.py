@@ -116,6 +116,8 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
     if name == "model_plan_info":
         architecture = run_module("model_config_info", {"path": kimi}, capsys)["architecture"]
         return {"architecture": architecture, "gpu": KIMI_FACTS["environment"]["gpu"]}
+    if name == "model_weights":
+        return {"state": "check", "dest": str(model), "source": "mirror:/nowhere"}
     if name == "preflight_info":
         work = str(tmp_path / "work")
         return {
