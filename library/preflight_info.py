@@ -52,6 +52,13 @@ options:
     type: list
     elements: dict
     default: []
+  state_dirs:
+    description:
+      - Directories where regen's supervisor records the pids of the servers it started (C(<name>.pid)); a
+        port held by one of them (or its session) is regen's own, not a conflict.
+    type: list
+    elements: path
+    default: []
   endpoints:
     description:
       - Network endpoints the run needs, each C({name, url, offline_path}); with C(offline_path) present
@@ -231,13 +238,38 @@ def _cmdline(pid):
         return ""
 
 
-def _is_regen(pid):
-    """A regen server: its systemd unit is regen-serve-* (cgroup) or an ancestor is regen's supervisor."""
+def _regen_pids(state_dirs):
+    """The pids regen's supervisor recorded (<state_dir>/<name>.pid) for the servers it started."""
+    pids = set()
+    for directory in state_dirs:
+        try:
+            names = [n for n in os.listdir(directory) if n.endswith(".pid")]
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(directory, name), encoding="ascii") as handle:
+                    pids.add(int(handle.read().strip()))
+            except (OSError, ValueError):
+                continue
+    return pids
+
+
+def _is_regen(pid, regen_pids):
+    """A regen server: its systemd unit is regen-* (cgroup), its session or process group is one the
+    supervisor started (a recorded pid: the server leads its own session), or an ancestor is regen's."""
     try:
         with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
             if "/regen-" in handle.read():
                 return True
     except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        if int(fields[2]) in regen_pids or int(fields[3]) in regen_pids:
+            return True
+    except (OSError, ValueError, IndexError):
         pass
     seen = 0
     while pid and pid > 1 and seen < 32:
@@ -252,21 +284,26 @@ def _is_regen(pid):
     return False
 
 
-def _owner(inodes):
+def _owner(inodes, regen_pids):
     wanted = {f"socket:[{inode}]" for inode in inodes}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         fd_dir = f"/proc/{pid}/fd"
         try:
             for fd in os.listdir(fd_dir):
                 if os.readlink(os.path.join(fd_dir, fd)) in wanted:
-                    return {"pid": int(pid), "cmdline": _cmdline(pid), "regen": _is_regen(int(pid))}
+                    return {
+                        "pid": int(pid),
+                        "cmdline": _cmdline(pid),
+                        "regen": _is_regen(int(pid), regen_pids),
+                    }
         except OSError:
             continue
     return None
 
 
-def _ports(ports):
+def _ports(ports, state_dirs):
     listening = _listening_inodes()
+    regen_pids = _regen_pids(state_dirs)
     result = []
     for entry in ports:
         port = int(entry["port"])
@@ -276,7 +313,7 @@ def _ports(ports):
                 "name": entry["name"],
                 "port": port,
                 "listening": bool(inodes),
-                "owner": _owner(inodes) if inodes else None,
+                "owner": _owner(inodes, regen_pids) if inodes else None,
             }
         )
     return result
@@ -320,6 +357,7 @@ def main():
             paths=dict(type="dict", required=True),
             facts=dict(type="dict", default={}),
             ports=dict(type="list", elements="dict", default=[]),
+            state_dirs=dict(type="list", elements="path", default=[]),
             endpoints=dict(type="list", elements="dict", default=[]),
             timeout=dict(type="float", default=5),
             shm_min_bytes=dict(type="int"),
@@ -376,7 +414,7 @@ def main():
 
     needs = disk_needs(p["paths"], p["facts"], missing_bytes, weights_reason)
     rows += disk_rows(needs, _filesystems([n["path"] for n in needs]))
-    rows += port_rows(_ports(p["ports"]))
+    rows += port_rows(_ports(p["ports"], p["state_dirs"]))
     rows += reachability_rows(_endpoints(p["endpoints"], p["timeout"]))
     _, hours, reason = estimate_of(p["facts"])
     rows.append(time_row(hours, reason))

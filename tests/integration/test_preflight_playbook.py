@@ -6,12 +6,33 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
+from regen.procs import spawn_detached
 from tests.helpers.ansible import localhost_inventory, run_playbook
 from tests.helpers.mooncake import free_ports
+
+LISTEN = (
+    "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); "
+    "s.listen(); time.sleep(120)"
+)
+
+
+def _wait_listening(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port}")
 
 
 def _inventory(tmp_path: Path, **variables) -> Path:
@@ -55,6 +76,14 @@ def test_preflight_stops_on_a_busy_port_and_an_unreachable_endpoint(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     (closed,) = free_ports(1)
     (evaluate,) = free_ports(1)
+    # A server regen's supervisor started: its own session, its pid recorded in the serving state dir.
+    serving = tmp_path / "work" / "serving"
+    serving.mkdir(parents=True)
+    ours = spawn_detached(
+        [sys.executable, "-c", LISTEN, str(evaluate)], output=subprocess.DEVNULL, cwd=str(tmp_path)
+    )
+    (serving / "main.pid").write_text(f"{ours.pid}\n")
+    _wait_listening(evaluate)
     try:
         inventory = _inventory(
             tmp_path,
@@ -74,10 +103,14 @@ def test_preflight_stops_on_a_busy_port_and_an_unreachable_endpoint(tmp_path):
     finally:
         busy.close()
         server.shutdown()
+        os.killpg(ours.pid, signal.SIGKILL)
+        ours.wait()
     assert run.returncode != 0
     rows = {r["check"]: r for r in _table(tmp_path)["rows"]}
     port = next(r for c, r in rows.items() if c.endswith("(sglang_server_port)"))
     assert port["verdict"] == "fail" and "set sglang_server_port to a free port" in port["fix"]
+    regen_own = rows[f"port {evaluate} (drafter_evaluation_port)"]
+    assert regen_own["verdict"] == "ok" and "regen's own server" in regen_own["value"], regen_own
     assert rows["reach package index"]["verdict"] == "ok"
     assert rows["reach hub"]["verdict"] == "fail" and str(tmp_path / "mirror") in rows["reach hub"]["fix"]
     assert "preflight failed on localhost" in run.output and "reach hub" in run.output
