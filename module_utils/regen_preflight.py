@@ -35,23 +35,6 @@ def gib(value):
 # --- parsers of real outputs (fixtures recorded from public sources in tests/fixtures/proxmox) ---------
 
 
-def parse_proc_devices(text):
-    """/proc/devices -> {"character": {name: major}, "block": {...}} (a name may repeat: first kept)."""
-    result = {"character": {}, "block": {}}
-    section = None
-    for line in (text or "").splitlines():
-        stripped = line.strip()
-        if stripped.startswith("Character devices"):
-            section = "character"
-        elif stripped.startswith("Block devices"):
-            section = "block"
-        elif section and stripped:
-            major, _, name = stripped.partition(" ")
-            if major.isdigit() and name:
-                result[section].setdefault(name.strip(), int(major))
-    return result
-
-
 def parse_nvidia_driver_version(text):
     """/proc/driver/nvidia/version's first line -> '580.95.05' (None when absent or unreadable)."""
     match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text or "")
