@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${REGEN_VENV:-.venv}
 MARKER="$VENV/.regen-lock.sha256"
-want=$(cat requirements/controller.lock pyproject.toml requirements.yml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/controller.lock pyproject.toml requirements.yml requirements/collections.lock | sha256sum | cut -d' ' -f1)
 
 if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$want" ] && [ -x "$VENV/bin/ansible-playbook" ]; then
   exit 0
@@ -30,9 +30,12 @@ fi
   -r requirements/controller.lock
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 
-# Collections: only what requirements.yml pins, into a project-local path that ansible.cfg reads.
+# Collections: only what requirements.yml pins, into a project-local path that ansible.cfg reads. They come
+# from the `ansible` wheel on PyPI (Galaxy is not reachable everywhere), downloaded by pip with its sha256
+# checked (hash-checking mode), of which only the pinned collections are extracted; each one's MANIFEST.json
+# must show the pinned version.
 if grep -qE '^\s*-\s*name:' requirements.yml; then
-  "$VENV/bin/ansible-galaxy" collection install -r requirements.yml -p .collections
+  "$VENV/bin/python" scripts/install_collections.py requirements.yml requirements/collections.lock .collections
 fi
 echo "$want" > "$MARKER"
 echo "bootstrap: $VENV ready ($("$VENV/bin/ansible" --version | head -1))"

@@ -116,6 +116,20 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
     if name == "model_plan_info":
         architecture = run_module("model_config_info", {"path": kimi}, capsys)["architecture"]
         return {"architecture": architecture, "gpu": KIMI_FACTS["environment"]["gpu"]}
+    if name == "pcie_info":
+        return {"want_kernel_args": ["iommu=pt"]}
+    if name == "lxc_gpu_config_info":
+        return {"style": "lxc", "gpu_count": 1, "nofile": 1024, "shm_size_gib": 1, "node_names": ["null"]}
+    if name == "model_weights":
+        return {"state": "check", "dest": str(model), "source": "mirror:/nowhere"}
+    if name == "preflight_info":
+        work = str(tmp_path / "work")
+        return {
+            "profile": "cpu",
+            "gpu": run_module("gpu_info", {}, capsys)["gpu"],
+            "model_path": str(model),
+            "paths": {"weights": str(model), "completions": work, "features": work, "checkpoints": work},
+        }
     if name == "gpu_requirements_info":
         return {"facts": run_module("gpu_info", {}, capsys)["gpu"], "profile": "cpu"}
     if name == "serving_launch_info":

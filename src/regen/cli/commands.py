@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from regen.cli.parser import build_parser, parse_extravars, parse_secret_env
+from regen.cli.preflight import cmd_preflight
 from regen.cli.views import (
     exit_line,
     facts_tree,
@@ -363,6 +364,7 @@ COMMANDS = {
     "plan": cmd_plan,
     "compare": cmd_compare,
     "stages": cmd_stages,
+    "preflight": cmd_preflight,
 }
 
 

@@ -245,4 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_stages = sub.add_parser("stages", help="list the stages of this checkout and their tags")
     p_stages.add_argument("--json", action="store_true", help="print JSON")
     _common(p_stages)
+
+    from regen.cli.preflight import add_parser as add_preflight_parser
+
+    add_preflight_parser(sub)
     return parser
