@@ -38,4 +38,4 @@ if grep -qE '^\s*-\s*name:' requirements.yml; then
   "$VENV/bin/python" scripts/install_collections.py requirements.yml requirements/collections.lock .collections
 fi
 echo "$want" > "$MARKER"
-echo "bootstrap: $VENV ready ($("$VENV/bin/ansible" --version | head -1))"
+echo "bootstrap: $VENV ready ($("$VENV/bin/ansible" --version | sed -n 1p))"
