@@ -16,7 +16,7 @@ import re
 import struct
 import sys
 
-from ansible.module_utils.regen_families import FAMILIES, TEXT_CONFIG_KEYS
+from .regen_families import FAMILIES, TEXT_CONFIG_KEYS
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"

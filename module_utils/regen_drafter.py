@@ -20,9 +20,9 @@ import json
 import os
 import struct
 
-from ansible.module_utils.regen_config import DTYPE_BYTES
-from ansible.module_utils.regen_families import family_of, text_config
-from ansible.module_utils.regen_plan import (
+from .regen_config import DTYPE_BYTES
+from .regen_families import family_of, text_config
+from .regen_plan import (
     dflash_target_layer_ids,
     drafter_depth_and_block,
     nested,

@@ -25,7 +25,7 @@ sets its own conditions, and the flags follow them, each stated in `constraints`
 
 from __future__ import annotations
 
-from ansible.module_utils.regen_drafter import DrafterPlanError, sglang_dflash_args
+from .regen_drafter import DrafterPlanError, sglang_dflash_args
 
 # Flags the inventory may not add to the evaluation servers: they would make the plain server speculative
 # or give the speculative one another drafter than the one evaluated.

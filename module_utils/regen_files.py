@@ -18,11 +18,12 @@ _SKIP_DIRS = {"build", "dist"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
-def tree_files(top, skip_dir=None, skip_file=None):
+def tree_files(top, skip_dir=None, skip_file=None, follow_links=False):
     """Paths (relative to `top`, sorted) of the files below `top`, bytecode and __pycache__ left out, and
-    the directories and files the optional predicates name (called with a bare name)."""
+    the directories and files the optional predicates name (called with a bare name). `follow_links`
+    descends into linked directories (as setuptools does when it finds packages)."""
     found = []
-    for root, dirs, files in os.walk(top):
+    for root, dirs, files in os.walk(top, followlinks=follow_links):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (skip_dir and skip_dir(d)))
         for name in files:
             if not name.endswith(_SKIP_SUFFIXES) and not (skip_file and skip_file(name)):
@@ -33,8 +34,12 @@ def tree_files(top, skip_dir=None, skip_file=None):
 def source_files(project):
     """Paths (relative to `project`, sorted) of every file a wheel build of `project` reads."""
     found = [name for name in PROJECT_FILES if os.path.isfile(os.path.join(project, name))]
+    # src/regen/module_utils links to module_utils/ (see module_utils/__init__.py): the build packages what
+    # the link points at, so those files are sources of the wheel too.
     sources = tree_files(
-        os.path.join(project, SOURCE_DIR), skip_dir=lambda d: d in _SKIP_DIRS or d.endswith(".egg-info")
+        os.path.join(project, SOURCE_DIR),
+        skip_dir=lambda d: d in _SKIP_DIRS or d.endswith(".egg-info"),
+        follow_links=True,
     )
     return sorted(found + [os.path.join(SOURCE_DIR, name) for name in sources])
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 
-from ansible.module_utils import regen_budget
-from ansible.module_utils.regen_attention_backends import backend_for_facts
-from ansible.module_utils.regen_config import DTYPE_BYTES
-from ansible.module_utils.regen_families import THINKING_SWITCHES, family_of
+from . import regen_budget
+from .regen_attention_backends import backend_for_facts
+from .regen_config import DTYPE_BYTES
+from .regen_families import THINKING_SWITCHES, family_of
 
 GIB = 1024**3
 DEFAULTS = {

@@ -19,9 +19,9 @@ import json
 import os
 import re
 
-from ansible.module_utils.regen_attention_backends import backend_for_facts
-from ansible.module_utils.regen_families import family_of
-from ansible.module_utils.regen_plan import nested, plan_entry
+from .regen_attention_backends import backend_for_facts
+from .regen_families import family_of
+from .regen_plan import nested, plan_entry
 
 SGLANG_VERSION = "0.5.23"
 SGLANG_ROUTER_VERSION = "0.3.2"

@@ -146,7 +146,7 @@ def plan_layout_settings(plan_serving):
 
 
 def _estimate_for(settings, simulation):
-    from ansible.module_utils.regen_simulator import match_estimate
+    from .regen_simulator import match_estimate
 
     if not simulation:
         return {"output_tokens_per_s": None, "reason": "the simulator did not run"}

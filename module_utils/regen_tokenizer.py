@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 
-from ansible.module_utils.regen_families import THINKING_SWITCHES, text_config
+from .regen_families import THINKING_SWITCHES, text_config
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from ansible.module_utils.regen_drafter import FEATURE_FILE_OVERHEAD_BYTES
+from .regen_drafter import FEATURE_FILE_OVERHEAD_BYTES
 
 TOPOLOGY_MODES = ("auto", "offline", "online", "rolling")
 GIB = 1024**3
