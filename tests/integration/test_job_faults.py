@@ -475,7 +475,7 @@ def test_a_signal_after_the_end_is_decided_does_not_turn_a_finished_run_into_a_k
     tmp_path, job, demo_model_dir
 ):
     """Found by the fault campaign: a SIGTERM just after generate wrote `done` ended it with -15."""
-    from regen.testing.stub_openai_server import StubConfig, StubServer
+    from tests.helpers.stub_openai_server import StubConfig, StubServer
 
     src = write_rows(tmp_path / "src.jsonl", 5)
     prompts = tmp_path / "prompts"

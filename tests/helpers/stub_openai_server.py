@@ -25,7 +25,7 @@ All switches can be changed at run time: `POST /stub/config` with a JSON object 
 (underscores), and `GET /stub/stats` returns counters; `GET /stub/requests` the recorded requests
 ({path, authorization, body}) when started with --record.
 
-Run: `python -m regen.testing.stub_openai_server --port 0 --delay 0.2` prints `STUB_URL=http://127.0.0.1:PORT`.
+Run: `python -m tests.helpers.stub_openai_server --port 0 --delay 0.2` prints `STUB_URL=http://127.0.0.1:PORT`.
 It refuses to bind anything but a loopback address.
 """
 
@@ -49,7 +49,7 @@ from typing import Any
 
 from aiohttp import web
 
-from regen.testing.threaded_app import ThreadedApp
+from tests.helpers.threaded_app import ThreadedApp
 
 FAIL_KINDS = ("429", "500", "503", "reset", "stall", "malformed")
 
@@ -300,7 +300,7 @@ class StubServer(ThreadedApp):
 def spawn(args: list[str], python: str | None = None, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
     """Start the stub as its own process (benchmarks, kill tests); return (process, base URL)."""
     proc = subprocess.Popen(
-        [python or sys.executable, "-m", "regen.testing.stub_openai_server", *args],
+        [python or sys.executable, "-m", "tests.helpers.stub_openai_server", *args],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -318,7 +318,7 @@ def spawn(args: list[str], python: str | None = None, timeout: float = 30.0) -> 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m regen.testing.stub_openai_server",
+        prog="python -m tests.helpers.stub_openai_server",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
