@@ -36,7 +36,6 @@ import asyncio
 import dataclasses
 import functools
 import hashlib
-import ipaddress
 import json
 import os
 import random
@@ -49,6 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
+from regen.module_utils.regen_net import is_loopback
 from tests.helpers.threaded_app import ThreadedApp
 
 FAIL_KINDS = ("429", "500", "503", "reset", "stall", "malformed")
@@ -262,12 +262,8 @@ class StubApp:
 
 
 def _check_loopback(host: str) -> None:
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    except ValueError:
-        if host == "localhost":
-            return
+    if is_loopback(host):
+        return
     raise SystemExit(f"error: the stub only binds loopback addresses, not {host!r}")
 
 

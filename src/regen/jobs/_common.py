@@ -12,7 +12,6 @@ import argparse
 import errno
 import fcntl
 import gzip
-import hashlib
 import json
 import logging
 import math
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from regen.fsio import atomic_write_json, json_text
+from regen.module_utils.regen_files import file_sha256
+from regen.module_utils.regen_secrets import API_KEY_ENV, SecretFileError, read_api_key
 
 log = logging.getLogger("regen.jobs")
 
@@ -212,20 +213,13 @@ class DirectoryLock:
 # --------------------------------------------------------------------------------------------------
 
 
-def serving_api_key(path: str | None) -> str | None:
+def serving_api_key(path: str | None, name: str = API_KEY_ENV) -> str | None:
     """The model server's API key from the serve stage's env file (`REGEN_SERVING_API_KEY=`), or None
-    when no file is given (a server without a key)."""
-    if not path:
-        return None
-    from regen.serving.supervisor import SupervisorError, read_env_file
-
+    when no file is given (a server without a key); a JobError when the file lacks it."""
     try:
-        value = read_env_file(path).get("REGEN_SERVING_API_KEY")
-    except SupervisorError as exc:
+        return read_api_key(path, name)
+    except SecretFileError as exc:
         raise JobError(str(exc)) from None
-    if not value:
-        raise JobError(f"{path} has no REGEN_SERVING_API_KEY= line; re-run the serve stage")
-    return value
 
 
 def json_object_arg(text: str, flag: str) -> dict[str, Any]:
@@ -248,12 +242,8 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+# The jobs' name for module_utils' one file digest.
+sha256_file = file_sha256
 
 
 # --------------------------------------------------------------------------------------------------

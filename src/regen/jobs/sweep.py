@@ -57,9 +57,7 @@ from regen.jobs._common import (
 )
 from regen.jobs.generate.rows import BadRow, normalize_endpoint, parse_prompt_row, resolve_inputs, turn_plan
 from regen.jobs.generate.streaming import StreamError, stream_completion, streaming_body
-
-LOG_TAIL_BYTES = 256 * 1024
-
+from regen.module_utils.regen_files import read_tail
 
 # ------------------------------------------------------------------------------------------ inputs
 
@@ -279,13 +277,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
 
 def _log_text(a: argparse.Namespace) -> str:
     if a.log_file and os.path.exists(a.log_file):
-        try:
-            with open(a.log_file, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return read_tail(a.log_file)
     if a.unit and shutil.which("journalctl"):
         done = subprocess.run(
             ["journalctl", "-u", a.unit, "-n", "400", "--no-pager", "-o", "cat"],
