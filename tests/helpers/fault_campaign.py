@@ -729,7 +729,7 @@ class Campaign:
         return [str(r.get("error")) for r in rows if isinstance(r, dict)]
 
     def _names_the_fault(self, kind: str, run: StageRun, state: str | None, said: str) -> str | None:
-        from regen.jobs.status import liveness
+        from regen.status import liveness
 
         rc = run.rc
         if kind == "sigkill":

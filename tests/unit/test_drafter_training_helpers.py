@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.jobs.status import validate
+from regen.status import validate
 from regen.training import capture, checkpoints, launcher, status
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import pytest
 from regen.jobs import generate as G
 from regen.jobs._common import JobError
 from regen.jobs._ledger import ShardStore
-from regen.jobs.status import validate
+from regen.status import validate
 from tests.helpers.stub_openai_server import StubConfig, StubServer
 
 

@@ -1,6 +1,6 @@
 """Shared plumbing for regen jobs: clear errors, hashes, streaming JSONL, logging, status, progress.
 
-Files are written through `regen.fsio` (atomic, durable); the status document's keys are `regen.jobs.status`.
+Files are written through `regen.fsio` (atomic, durable); the status document's keys are `regen.status`.
 
 Everything here is standard library (plus tqdm, a core dependency) so that any job can use it on a host
 whose venv carries nothing else.
@@ -484,7 +484,7 @@ class StatusFile:
         self.disarm()
         if self.path is None:
             return
-        from regen.jobs.status import Status
+        from regen.status import Status
 
         doc: dict[str, Any] | None = None
         if self._build is not None:

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from regen.status import RUNNING_STATES, Status
+
 from .. import __version__
 from ..fsio import atomic_write_bytes, atomic_write_json
 from ._common import (
@@ -58,7 +60,6 @@ from ._common import (
     setup_logging,
     sha256_file,
 )
-from .status import RUNNING_STATES, Status
 
 log = logging.getLogger("regen.jobs.evaluate")
 

@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from regen.status import RUNNING_STATES, Status
+
 from .. import __version__
 from ..evaluate import serving as S
 from ..fsio import atomic_write_bytes, atomic_write_json
@@ -76,7 +78,6 @@ from ._common import (
     want_progress,
 )
 from .evaluate import exit_if_report_current, files_digest, load_json_object, load_prompts, turn_kinds
-from .status import RUNNING_STATES, Status
 
 log = logging.getLogger("regen.jobs.evaluate_serving")
 

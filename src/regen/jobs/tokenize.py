@@ -73,7 +73,7 @@ from regen.jobs._common import (
     stop_signals_done,
     want_progress,
 )
-from regen.jobs.status import Status
+from regen.status import Status
 
 log = logging.getLogger("regen.jobs.tokenize")
 
