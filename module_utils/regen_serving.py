@@ -28,7 +28,6 @@ from .regen_plan import nested, plan_entry
 from .regen_secrets import API_KEY_ENV
 
 SGLANG_VERSION = "0.5.23"
-SGLANG_ROUTER_VERSION = "0.3.2"
 BACKENDS = ("sglang", "transformers")
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
 # SGLang 0.5.23 `--moe-a2a-backend` choices (fields/exec_.py); "none" means all-reduce based EP.
