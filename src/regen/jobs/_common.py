@@ -28,6 +28,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+# The jobs import the user-error and its exit code (2) from here, beside the other codes below.
+from regen.errors import EXIT_USAGE as EXIT_USAGE
+from regen.errors import JobError
 from regen.fsio import atomic_write_json, json_text
 from regen.module_utils.regen_files import file_sha256
 from regen.module_utils.regen_secrets import API_KEY_ENV, SecretFileError, read_api_key
@@ -37,18 +40,11 @@ log = logging.getLogger("regen.jobs")
 # Exit codes shared by the jobs; scripts and the roles rely on them (the README's "Exit codes" section).
 EXIT_OK = 0
 EXIT_FAILED_RECORDS = 1  # the job ran, some records ended in the errors file
-EXIT_USAGE = 2  # bad arguments or bad input that stops the whole job (argparse uses 2 as well)
 EXIT_UNAVAILABLE = 3  # the job stopped early because what it depends on stayed down
 EXIT_CRASHED = 4  # an unexpected error (a bug): the traceback is on stderr, the reason in status.json
 EXIT_OUTPUT = 5  # the output cannot be written: not a directory, read-only, or the disk is full
 EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM is 143
 EXIT_TERMINATED = 143
-
-
-class JobError(Exception):
-    """A problem the user can fix; the message names what is wrong and how to fix it."""
-
-    exit_code = EXIT_USAGE
 
 
 class Terminated(KeyboardInterrupt):
