@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.jobs.evaluate import load_prompts
+from regen.jobs._evaluation import load_prompts
 from regen.status import validate
 
 ROOT = Path(__file__).resolve().parents[2]
