@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -293,12 +294,16 @@ class StubServer(ThreadedApp):
         return self.stub.app
 
 
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
 def spawn(args: list[str], python: str | None = None, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
     """Start the stub as its own process (benchmarks, kill tests); return (process, base URL)."""
     proc = subprocess.Popen(
         [python or sys.executable, "-m", "tests.helpers.stub_openai_server", *args],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=_CHECKOUT,  # `-m tests.helpers...` resolves from the checkout, whatever the caller's directory
     )
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
