@@ -1,4 +1,4 @@
-"""The fault campaign (`regen.testing.fault_campaign`): the local pipeline's jobs under one injected fault
+"""The fault campaign (`tests.helpers.fault_campaign`): the local pipeline's jobs under one injected fault
 per round, against the real demo model served by `transformers serve` on loopback.
 
     .venv/bin/python bench/bench_fault_campaign.py [--rounds 60] [--seed 0] [--kinds sigkill,sigterm,...]
@@ -21,8 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))  # tests.helpers
 
-from regen.testing.fault_campaign import FAULT_KINDS, Campaign, CampaignConfig, render_markdown, write_report
+from tests.helpers.fault_campaign import FAULT_KINDS, Campaign, CampaignConfig, render_markdown, write_report
 
 
 def demo_model() -> Path:

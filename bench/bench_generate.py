@@ -34,8 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))  # tests.helpers
 
-from regen.testing.stub_openai_server import spawn
+from tests.helpers.stub_openai_server import spawn
 
 PY = sys.executable
 

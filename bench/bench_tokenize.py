@@ -64,8 +64,8 @@ def write_completions(path: Path, n: int, seed: int = 0) -> None:
 def peer(model: Path, completions: Path, repeats: int) -> dict:
     """tokens/s of `tokenizer(texts)` on the texts the job renders."""
     from regen.jobs._common import decode_json_line
-    from regen.jobs.tokenize import load_tokenizer
     from regen.tokenization.conversation import conversation_from_record
+    from regen.tokenization.loader import load_tokenizer
     from regen.tokenization.render import ChatRenderer
 
     tok = load_tokenizer(str(model))

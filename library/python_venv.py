@@ -203,6 +203,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.regen_files import file_sha256
+from ansible.module_utils.regen_net import redact_url
 from ansible.module_utils.regen_pyenv import probe_venv
 from ansible.module_utils.regen_venv import (
     FINGERPRINT_FILE,
@@ -221,7 +222,6 @@ from ansible.module_utils.regen_venv import (
     pins_diff,
     pip_check_problems,
     python_satisfies,
-    redact_url,
     tail,
     url_credentials,
     verification_errors,

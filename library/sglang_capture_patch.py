@@ -89,9 +89,9 @@ from ansible.module_utils.regen_capture_patch import (
     CapturePatchError,
     available_targets,
     choose_target,
-    patch_sha256,
     plan_action,
 )
+from ansible.module_utils.regen_files import sha256_bytes
 
 _PROBE = "import json, os, sglang; print(json.dumps([os.path.dirname(sglang.__file__), sglang.__version__]))"
 
@@ -157,7 +157,7 @@ def main():
         forward = run_patch(text, "--dry-run", "--forward")[0] == 0
         reverse = not forward and run_patch(text, "--dry-run", "--reverse")[0] == 0
     action, reason = plan_action(text, recorded, forward, reverse)
-    result.update(target=target, patch_sha256=patch_sha256(text), action=action, reason=reason)
+    result.update(target=target, patch_sha256=sha256_bytes(text), action=action, reason=reason)
     if action == "refuse":
         module.fail_json(msg=f"cannot apply the {target} spec-capture patch to sglang {version}: {reason}")
     if action == "keep":

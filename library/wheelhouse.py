@@ -81,6 +81,7 @@ import sys
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.regen_net import redact_url
 from ansible.module_utils.regen_venv import (
     LockError,
     check_extras,
@@ -89,7 +90,6 @@ from ansible.module_utils.regen_venv import (
     hash_mismatch_message,
     index_url_environment,
     parse_lock,
-    redact_url,
     requirements_text,
     tail,
     url_credentials,

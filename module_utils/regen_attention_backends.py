@@ -35,7 +35,6 @@ SGLANG_PR_26557 = "https://github.com/sgl-project/sglang/pull/26557"
 SGLANG_ISSUE_17411 = "https://github.com/sgl-project/sglang/issues/17411"
 
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
-ATTENTION_KINDS = ("mla", "mha", "gqa", "mqa")
 
 # Rows: the first row whose keys all match wins. `cc` is a compute-capability pattern ("12.x" = any
 # minor of major 12, "*" = any); `kind` a tuple of attention kinds; `sinks` True/False restricts the

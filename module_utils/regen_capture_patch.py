@@ -11,7 +11,6 @@ named in the inventory, else `v<installed sglang version>`, else a refusal that 
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 PATCH_NAME = "spec-capture.patch"
@@ -58,10 +57,6 @@ def choose_target(targets, sglang_version, requested=None, source="the SpecForge
         f"sglang=={targets[0].lstrip('v')} for {targets[0]}), or name a target that fits it in "
         "capture_patch_target"
     )
-
-
-def patch_sha256(text):
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def plan_action(patch_text, recorded_text, forward_applies, reverse_applies):

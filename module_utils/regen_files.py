@@ -1,5 +1,6 @@
 """File digests the modules share: which files a wheel of the regen project is built from and their digest
-(the wheel cache key), and the sha256 of one file (a wheel, an archive).
+(the wheel cache key), the sha256 of one file (a wheel, an archive) or of bytes, and the end of a log file.
+The regen package uses the same functions (module_utils/__init__.py says how).
 
 Standard library only. The project_wheel module rebuilds the wheel only when the source digest changes, so
 an unchanged checkout keeps the same wheel file (same bytes) and its copy to every host stays changed=0.
@@ -54,9 +55,30 @@ def source_digest(project, files):
     return digest.hexdigest()
 
 
+# How much of a server's log the diagnosis reads: enough for a traceback and the lines before it, small
+# enough to read at once however long the server has been logging.
+LOG_TAIL_BYTES = 256 * 1024
+
+
 def file_sha256(path):
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_bytes(data):
+    """Hex sha256 of bytes, or of text as UTF-8."""
+    return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
+
+
+def read_tail(path, max_bytes=LOG_TAIL_BYTES):
+    """The last `max_bytes` of a (log) file as text, undecodable bytes replaced; "" when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - max_bytes))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -98,69 +98,12 @@ def _gpu_record(row):
     }
 
 
-TABLE_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f.]+)\s")
-TABLE_MEM = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
-
-
 def parse_versions(text):
     """Driver and CUDA versions from the table header or `nvidia-smi -q` (newer drivers say KMD/UMD)."""
     driver = re.search(r"(?:Driver|KMD) Version\s*:\s*([\w.]+)", text)
     cuda = re.search(r"CUDA(?: UMD)? Version\s*:\s*([\w. ]+?)\s*(?:\||$)", text, flags=re.M)
     cuda_value = _none_if_na(cuda.group(1)) if cuda else None
     return (driver.group(1) if driver else None), cuda_value
-
-
-def parse_table(text):
-    """The default `nvidia-smi` summary table -> (gpus, driver, cuda)."""
-    lines = text.splitlines()
-    gpus = []
-    for number, line in enumerate(lines):
-        match = TABLE_ROW.match(line)
-        if not match:
-            continue
-        memory = None
-        if number + 1 < len(lines):
-            found = TABLE_MEM.search(lines[number + 1])
-            memory = found.group(2) if found else None
-        gpus.append(
-            _gpu_record(
-                {
-                    "index": match.group(1),
-                    "name": match.group(2),
-                    "pci.bus_id": match.group(4),
-                    "memory.total": memory or "",
-                }
-            )
-        )
-    driver, cuda = parse_versions(text)
-    for gpu in gpus:
-        gpu["driver_version"] = driver
-    return gpus, driver, cuda
-
-
-def parse_query_details(text):
-    """`nvidia-smi -q` -> (gpus, driver, cuda, attached count)."""
-    driver, cuda = parse_versions(text)
-    attached = re.search(r"Attached GPUs\s*:\s*(\d+)", text)
-    gpus = []
-    blocks = re.split(r"^GPU ([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f.]+)\s*$", text, flags=re.M)
-    for at in range(1, len(blocks) - 1, 2):
-        bus, body = blocks[at], blocks[at + 1]
-        name = re.search(r"Product Name\s*:\s*(.+)", body)
-        total = re.search(r"FB Memory Usage\s*\n\s*Total\s*:\s*(\d+)\s*MiB", body)
-        minor = re.search(r"Minor Number\s*:\s*(\d+)", body)
-        gpus.append(
-            _gpu_record(
-                {
-                    "index": minor.group(1) if minor else "",
-                    "name": name.group(1) if name else "",
-                    "pci.bus_id": bus,
-                    "memory.total": total.group(1) if total else "",
-                    "driver_version": driver or "",
-                }
-            )
-        )
-    return gpus, driver, cuda, int(attached.group(1)) if attached else None
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

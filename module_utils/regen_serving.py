@@ -14,17 +14,20 @@ tests/unit/test_serving_argv.py parses the rendered argv with that release's own
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import os
 import re
 
 from .regen_attention_backends import backend_for_facts
 from .regen_families import family_of
+from .regen_net import is_loopback
 from .regen_plan import nested, plan_entry
 
+# API_KEY_ENV: the variable that carries the API key from the 0600 environment file into the router's
+# environment (systemd's EnvironmentFile=, the supervisor's --secret-env-file); ROUTER_LAUNCHER reads it.
+from .regen_secrets import API_KEY_ENV
+
 SGLANG_VERSION = "0.5.23"
-SGLANG_ROUTER_VERSION = "0.3.2"
 BACKENDS = ("sglang", "transformers")
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
 # SGLang 0.5.23 `--moe-a2a-backend` choices (fields/exec_.py); "none" means all-reduce based EP.
@@ -42,9 +45,6 @@ ATTENTION_BACKENDS = (
 # SGLang 0.5.23 `--kv-cache-dtype` choices (arg_groups/fields/model.py); the plan names one only when the
 # checkpoint declares its KV-cache format (the memory arithmetic counts that many bytes per element).
 KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
-# Environment variable that carries the API key from the 0600 environment file into the router's
-# environment (systemd's EnvironmentFile=, the supervisor's --secret-env-file); ROUTER_LAUNCHER reads it.
-API_KEY_ENV = "REGEN_SERVING_API_KEY"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 PCIE_BLACKWELL_ENV = {"NCCL_P2P_DISABLE": "1"}
 
@@ -150,16 +150,6 @@ def _int_setting(settings, key, minimum=1):
             f"fix sglang_server_{key} or the plan"
         )
     return value
-
-
-def is_loopback(host):
-    """True for addresses that only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def url_host(host):

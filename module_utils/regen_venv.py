@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 # Where a managed venv keeps what it was built from (inside the venv directory itself, so the record
 # moves and disappears together with the venv it describes).
@@ -75,14 +75,6 @@ def url_credentials(url):
     if ":" in userinfo:
         secrets.append(userinfo.split(":", 1)[1])
     return [s for s in secrets if s]
-
-
-def redact_url(url):
-    """The URL with its user-info replaced by ``***``, fit for a message."""
-    parts = urlsplit(url or "")
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 def normalize_name(name):

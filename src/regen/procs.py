@@ -11,7 +11,9 @@ mode) and the ansible-playbook tree the runner cancels (`regen.runner.api`). The
 - `descendants` / `terminate`: the processes below a pid, and ending their groups;
 - `port_free`: can a server bind `host:port` now?
 
-Processes are read through psutil, not by walking `/proc` by hand.
+Every process query in the package goes through this module, and processes are read through psutil,
+not by walking `/proc` by hand, with one exception: `cmdline` reads `/proc/PID/cmdline` itself to split
+it on NUL only (its docstring says why). `regen.status.liveness` asks `alive` too.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any
 
 from regen import records
 from regen.fsio import atomic_write_json, read_json_object
+from regen.module_utils.regen_files import file_sha256
 
 SCHEMA = "regen.manifest/1"
 RUNS_DIR = "runs"
@@ -46,10 +47,6 @@ _RESULT_KEYS = ("state", "done", "total", "failed", "tokens", "samples", "reject
 
 class ProvenanceError(Exception):
     """A manifest cannot be found or read; the message says which and what to do."""
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _digest(manifest: Mapping[str, Any]) -> str:
@@ -76,7 +73,7 @@ def build_manifest(artifacts: Path) -> dict[str, Any]:
     # must not make them differ.
     liveness = set(records.find(artifacts, records.SERVING_STATES))
     record_digests = {
-        str(path.relative_to(artifacts)): _sha256(path)
+        str(path.relative_to(artifacts)): file_sha256(path)
         for paths in found.values()
         for path in paths
         if path not in liveness
@@ -96,7 +93,7 @@ def build_manifest(artifacts: Path) -> dict[str, Any]:
         for path in records.find(artifacts, records.SERVING_LAUNCHES)
     }
     run_configs = {
-        path.parent.name: _sha256(path) for path in records.find(artifacts, records.TRAINING_RUN_CONFIGS)
+        path.parent.name: file_sha256(path) for path in records.find(artifacts, records.TRAINING_RUN_CONFIGS)
     }
     results: dict[str, Any] = {}
     timings: dict[str, Any] = {}

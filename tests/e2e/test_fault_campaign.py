@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.testing.fault_campaign import FAULT_KINDS, Campaign, CampaignConfig, render_markdown, write_report
+from tests.helpers.fault_campaign import FAULT_KINDS, Campaign, CampaignConfig, render_markdown, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

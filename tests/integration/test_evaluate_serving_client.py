@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.jobs.evaluate import load_prompts
-from regen.jobs.status import validate
+from regen.jobs._evaluation import load_prompts
+from regen.status import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "src" / "regen" / "data" / "demo_prompts.jsonl"

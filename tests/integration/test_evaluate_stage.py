@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.jobs.status import validate
+from regen.status import validate
 from tests.helpers.ansible import localhost_inventory, run_playbook
 from tests.helpers.evaluate_venv import DRAFTER_SNIPPET, ROOT, VENV, evaluate_python, run_python
 

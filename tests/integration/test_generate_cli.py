@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from regen.jobs._ledger import ShardStore
-from regen.testing.stub_openai_server import StubConfig, StubServer
+from tests.helpers.stub_openai_server import StubConfig, StubServer
 
 JOB = [sys.executable, "-m", "regen.jobs.generate"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.jobs.status import liveness, validate
-from regen.testing.stub_openai_server import StubConfig, StubServer
+from regen.status import liveness, validate
+from tests.helpers.stub_openai_server import StubConfig, StubServer
 from tests.integration.test_generate_cli import job_args, output_ids, write_prompts
 
 PROMPTS_JOB = [sys.executable, "-m", "regen.jobs.prompts"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.testing.stub_openai_server import StubConfig, StubServer
 from tests.helpers.ansible import run_playbook
+from tests.helpers.stub_openai_server import StubConfig, StubServer
 
 PLAYBOOKS = ("playbooks/prompts.yml", "playbooks/generate.yml")
 

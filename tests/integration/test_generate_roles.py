@@ -11,8 +11,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from regen.testing.stub_openai_server import StubConfig, StubServer
 from tests.helpers.ansible import run_playbook
+from tests.helpers.stub_openai_server import StubConfig, StubServer
 
 # The prompts regen ships for the embedded default (`builtin: demo`).
 DEMO_PROMPTS = len(resources.files("regen.data").joinpath("demo_prompts.jsonl").read_text().splitlines())

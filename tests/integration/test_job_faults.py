@@ -20,7 +20,7 @@ import pytest
 
 from regen.jobs import _common
 from regen.jobs._common import EXIT_CRASHED, EXIT_OUTPUT, StatusFile, run_main
-from regen.jobs.status import Status, validate
+from regen.status import Status, validate
 
 PROMPTS = [sys.executable, "-m", "regen.jobs.prompts"]
 TOKENIZE = [sys.executable, "-m", "regen.jobs.tokenize"]
@@ -349,7 +349,7 @@ def test_sigterm_stops_tokenize_as_interrupted_and_the_next_run_finishes(tmp_pat
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_tokenize_status_beats_while_a_long_shard_runs(tmp_path, demo_model_dir, workers):
-    from regen.jobs.status import liveness
+    from regen.status import liveness
 
     comp = tmp_path / "c.jsonl"
     comp.write_text("".join(json.dumps(completion(i)) + "\n" for i in range(20_000)))
@@ -475,7 +475,7 @@ def test_a_signal_after_the_end_is_decided_does_not_turn_a_finished_run_into_a_k
     tmp_path, job, demo_model_dir
 ):
     """Found by the fault campaign: a SIGTERM just after generate wrote `done` ended it with -15."""
-    from regen.testing.stub_openai_server import StubConfig, StubServer
+    from tests.helpers.stub_openai_server import StubConfig, StubServer
 
     src = write_rows(tmp_path / "src.jsonl", 5)
     prompts = tmp_path / "prompts"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from regen.jobs.status import Status
 from regen.runner import BadInput, discover_stages
 from regen.runner.api import _environment
 from regen.runner.artifacts import collect_artifacts, command_info, data_roots, host_is_local, inventory_query
 from regen.runner.project import find_project
 from regen.runner.secrets import MASK, VAULT_ID, Redactor, encrypt_vars, mask_environment, scrub_command_file
 from regen.runner.stages import play_stage_map, select_stages
+from regen.status import Status
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = ROOT / "tests" / "fixtures" / "playbooks" / "runner"

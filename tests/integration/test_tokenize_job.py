@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.jobs._common import run_main
-from regen.jobs.status import validate
 from regen.jobs.tokenize import main
+from regen.status import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.jobs.status import validate
+from regen.status import validate
 from regen.training import capture, checkpoints, launcher, status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,12 +171,14 @@ def _start(tmp_path: Path, stub: Path, mode: str, steps: str) -> dict:
 
 
 def test_start_detaches_and_status_waits_for_the_end(tmp_path: Path, stub: Path) -> None:
-    started = _start(tmp_path, stub, "ok", "5")
+    # 60 steps of 0.05 s: the run outlasts the second `start` (a 5-step run could end before it looked,
+    # and a start after the end rightly launches a new run).
+    started = _start(tmp_path, stub, "ok", "60")
     assert started["started"] and started["mode"] == "process"
-    again = _start(tmp_path, stub, "ok", "5")  # a second start while it runs launches nothing
-    assert again["started"] is False or again["status"]["state"] == "succeeded"
+    again = _start(tmp_path, stub, "ok", "60")  # a second start while it runs launches nothing
+    assert again["started"] is False and again["reason"] == "already running"
     final = _launcher("status", "--status", str(tmp_path / "status.json"), "--wait", "30", "--until-final")
-    assert final["state"] == "succeeded" and final["done"] == 5 and final["run_id"] == "r1"
+    assert final["state"] == "succeeded" and final["done"] == 60 and final["run_id"] == "r1"
     assert final["mode"] == "process"
 
 

@@ -1,4 +1,4 @@
-"""Job progress records: status documents (one schema, `regen.jobs.status`) from files and task results."""
+"""Job progress records: status documents (one schema, `regen.status`) from files and task results."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from regen.jobs.status import KEYS, SCHEMA, Status, validate
 from regen.runner.progress import (
     StatusWatcher,
     find_status_files,
@@ -18,6 +17,7 @@ from regen.runner.progress import (
     read_status_file,
     status_from_result,
 )
+from regen.status import KEYS, SCHEMA, Status, validate
 from regen.training.status import apply_line, new_status, write_status
 
 

@@ -1,4 +1,4 @@
-"""The fault campaign's own checks and verdicts (regen.testing.fault_campaign) can fail: each finds what it
+"""The fault campaign's own checks and verdicts (tests.helpers.fault_campaign) can fail: each finds what it
 is there to find in a pipeline output made by hand, and a stage's verdict follows its exit code, its
 status file and its output. No server, no job runs here (tests/e2e/test_fault_campaign.py runs them)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from regen.jobs.generate.stale import prompt_key, settings_key
-from regen.testing.fault_campaign import FAULT_KINDS, Campaign, CampaignConfig, StageRun, render_markdown
+from tests.helpers.fault_campaign import FAULT_KINDS, Campaign, CampaignConfig, StageRun, render_markdown
 
 
 @pytest.fixture

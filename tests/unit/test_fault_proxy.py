@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from regen.testing.fault_proxy import FaultProxy
-from regen.testing.stub_openai_server import StubServer
+from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.stub_openai_server import StubServer
 
 
 def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:

@@ -14,8 +14,8 @@ import pytest
 from regen.jobs import generate as G
 from regen.jobs._common import JobError
 from regen.jobs._ledger import ShardStore
-from regen.jobs.status import validate
-from regen.testing.stub_openai_server import StubConfig, StubServer
+from regen.status import validate
+from tests.helpers.stub_openai_server import StubConfig, StubServer
 
 
 def turns(*pairs):

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from regen.testing.stub_openai_server import StubConfig, StubServer, spawn
+from tests.helpers.stub_openai_server import StubConfig, StubServer, spawn
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 from ansible.module_utils.regen_gpu import (
     gather,
     parse_query_csv,
-    parse_query_details,
-    parse_table,
     parse_topology,
     parse_versions,
     summarize,
 )
+
+from tests.helpers.nvidia_smi import parse_query_details, parse_table
 
 
 def _read(name: str) -> str:

@@ -21,10 +21,11 @@ SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 from ansible.module_utils import regen_budget
 from ansible.module_utils.regen_budget import BudgetError, length_budget
 from ansible.module_utils.regen_config import estimate_weight_bytes, read_model_dir
-from ansible.module_utils.regen_gpu import parse_table, summarize
+from ansible.module_utils.regen_gpu import summarize
 from ansible.module_utils.regen_plan import make_plan
 
 from tests.helpers.modules import run_module
+from tests.helpers.nvidia_smi import parse_table
 
 MIB = 1024**2
 

@@ -1,6 +1,6 @@
 """The probe checker and the `python -m regen.jobs.quality_gate` CLI against the fault-injection stub.
 
-The stub (src/regen/testing/stub_openai_server.py) is told which answers to give (`replies`): the right
+The stub (tests/helpers/stub_openai_server.py) is told which answers to give (`replies`): the right
 ones, then the real garbage recorded in tests/fixtures/quality (sgl-project/sglang issues 21132 and
 24321), then nothing at all (endpoint down). The known-failure table is checked against real log lines
 from the same public threads.
@@ -20,7 +20,7 @@ import pytest
 from regen.quality.gate import GateError, check_loopback, judge, run_probes
 from regen.quality.probes import ProbeError, check_answer, load_probes, parse_probes
 from regen.serving.known_failures import LOG_SIGNATURES, match_log, suggest_for_output
-from regen.testing.stub_openai_server import StubConfig, StubServer
+from tests.helpers.stub_openai_server import StubConfig, StubServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "quality"

@@ -13,12 +13,14 @@ from ansible.module_utils import regen_gpu
 from ansible.module_utils import regen_gpu_requirements as req
 from ansible.module_utils.regen_venv import parse_lock
 
+from tests.helpers.nvidia_smi import parse_query_details, parse_table
+
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
 SERVING_PINS = parse_lock((ROOT / "envs" / "serving.lock").read_text())["pins"]
 
 
 def _table(name: str, count: int | None = None) -> dict:
-    gpus, driver, cuda = regen_gpu.parse_table((FIXTURES / name).read_text())
+    gpus, driver, cuda = parse_table((FIXTURES / name).read_text())
     if count:  # the archived posts were cut after two GPUs; the machines had `count`
         gpus = [dict(gpus[i % len(gpus)], index=i) for i in range(count)]
     return regen_gpu.summarize(gpus, driver, cuda)
@@ -88,7 +90,7 @@ def test_blackwell_on_r570_fits_cuda_12_8_but_not_the_cuda13_stack() -> None:
 
 
 def test_vgpu_host_without_cuda_version_is_checked_on_the_driver_alone() -> None:
-    _gpus, driver, cuda, attached = regen_gpu.parse_query_details(
+    _gpus, driver, cuda, attached = parse_query_details(
         (FIXTURES / "rtx-pro-6000-server-q-memory.txt").read_text()
     )
     assert (driver, cuda, attached) == ("580.105.06", None, 4)

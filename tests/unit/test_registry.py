@@ -189,7 +189,7 @@ def test_every_registry_consumer_is_a_listed_place() -> None:
     importers = {
         f"module_utils/{path.name}"
         for path in (ROOT / "module_utils").glob("*.py")
-        if re.search(r"^\s*from (ansible\.module_utils\.)?regen_families import", path.read_text(), re.M)
+        if re.search(r"^\s*from (ansible\.module_utils\.|\.)?regen_families import", path.read_text(), re.M)
     }
     assert importers
     assert importers <= set(PLACES)

@@ -44,8 +44,10 @@ GOLDEN = SERVING / "hardware"
 
 from ansible.module_utils import regen_serving
 from ansible.module_utils.regen_config import read_model_dir
-from ansible.module_utils.regen_gpu import parse_table, summarize
+from ansible.module_utils.regen_gpu import summarize
 from ansible.module_utils.regen_plan import make_plan
+
+from tests.helpers.nvidia_smi import parse_table
 
 GPUS = {
     "sm120": ("rtx-pro-6000-maxq-2gpu-table.txt", "12.0"),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.jobs.generate.streaming import StreamError, StreamTiming, parse_sse_events, streaming_body
+from regen.serving.streaming import StreamError, StreamTiming, parse_sse_events, streaming_body
 from regen.serving.transformers_serve import REPLACEMENT, IncrementalDecoder, has_rust_backend
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sweep"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ from regen.demo import bpe
 from regen.demo import spec as spec_module
 from regen.demo.spec import DemoSpec
 from regen.fsio import fsync_dir
+from regen.module_utils.regen_files import sha256_bytes
 
 BUILDER = "regen.demo.build"
 # Bump when the builder's output changes in a way its sources do not show (they are hashed anyway).
@@ -97,10 +97,6 @@ class BuildResult:
         }
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _library_version(name: str) -> str:
     try:
         return metadata.version(name)
@@ -127,10 +123,10 @@ def inputs_digest(spec: DemoSpec) -> str:
         "builder": BUILDER,
         "builder_version": BUILDER_VERSION,
         "spec": spec.as_dict(),
-        "sources": {name: _sha256(data) for name, data in _source_files().items()},
+        "sources": {name: sha256_bytes(data) for name, data in _source_files().items()},
         "libraries": {name: _library_version(name) for name in BYTE_SHAPING_LIBRARIES},
     }
-    return _sha256(json.dumps(inputs, sort_keys=True).encode("utf-8"))
+    return sha256_bytes(json.dumps(inputs, sort_keys=True).encode("utf-8"))
 
 
 def _read_manifest(directory: Path) -> dict[str, Any] | None:
@@ -151,7 +147,7 @@ def is_up_to_date(directory: Path, digest: str) -> bool:
         return False
     for name, expected in files.items():
         try:
-            if _sha256((directory / name).read_bytes()) != expected:
+            if sha256_bytes((directory / name).read_bytes()) != expected:
                 return False
         except OSError:
             return False
@@ -226,7 +222,7 @@ def _write_tree(spec: DemoSpec, digest: str, target: Path, file_mode: int) -> li
         "builder_version": BUILDER_VERSION,
         "inputs_sha256": digest,
         "spec": spec.as_dict(),
-        "files": {name: _sha256((target / name).read_bytes()) for name in names},
+        "files": {name: sha256_bytes((target / name).read_bytes()) for name in names},
     }
     (target / MANIFEST).write_bytes(_json_bytes(manifest))
     _seal(target, [*names, MANIFEST], file_mode)
@@ -255,7 +251,7 @@ def _copy_tree(source: Path, digest: str, target: Path, file_mode: int) -> list[
     for name in [*names, MANIFEST]:
         shutil.copyfile(source / name, target / name)
     for name in names:
-        if _sha256((target / name).read_bytes()) != manifest["files"][name]:
+        if sha256_bytes((target / name).read_bytes()) != manifest["files"][name]:
             raise DemoBuildError(f"{source / name} changed while it was copied; build again")
     _seal(target, [*names, MANIFEST], file_mode)
     return [*names, MANIFEST]

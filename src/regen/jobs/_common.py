@@ -1,6 +1,6 @@
 """Shared plumbing for regen jobs: clear errors, hashes, streaming JSONL, logging, status, progress.
 
-Files are written through `regen.fsio` (atomic, durable); the status document's keys are `regen.jobs.status`.
+Files are written through `regen.fsio` (atomic, durable); the status document's keys are `regen.status`.
 
 Everything here is standard library (plus tqdm, a core dependency) so that any job can use it on a host
 whose venv carries nothing else.
@@ -12,7 +12,6 @@ import argparse
 import errno
 import fcntl
 import gzip
-import hashlib
 import json
 import logging
 import math
@@ -29,25 +28,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+# The jobs import the user-error and its exit code (2) from here, beside the other codes below.
+from regen.errors import EXIT_USAGE as EXIT_USAGE
+from regen.errors import JobError
 from regen.fsio import atomic_write_json, json_text
+from regen.module_utils.regen_files import file_sha256
+from regen.module_utils.regen_secrets import API_KEY_ENV, SecretFileError, read_api_key
 
 log = logging.getLogger("regen.jobs")
 
 # Exit codes shared by the jobs; scripts and the roles rely on them (the README's "Exit codes" section).
 EXIT_OK = 0
 EXIT_FAILED_RECORDS = 1  # the job ran, some records ended in the errors file
-EXIT_USAGE = 2  # bad arguments or bad input that stops the whole job (argparse uses 2 as well)
 EXIT_UNAVAILABLE = 3  # the job stopped early because what it depends on stayed down
 EXIT_CRASHED = 4  # an unexpected error (a bug): the traceback is on stderr, the reason in status.json
 EXIT_OUTPUT = 5  # the output cannot be written: not a directory, read-only, or the disk is full
 EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM is 143
 EXIT_TERMINATED = 143
-
-
-class JobError(Exception):
-    """A problem the user can fix; the message names what is wrong and how to fix it."""
-
-    exit_code = EXIT_USAGE
 
 
 class Terminated(KeyboardInterrupt):
@@ -212,20 +209,13 @@ class DirectoryLock:
 # --------------------------------------------------------------------------------------------------
 
 
-def serving_api_key(path: str | None) -> str | None:
+def serving_api_key(path: str | None, name: str = API_KEY_ENV) -> str | None:
     """The model server's API key from the serve stage's env file (`REGEN_SERVING_API_KEY=`), or None
-    when no file is given (a server without a key)."""
-    if not path:
-        return None
-    from regen.serving.supervisor import SupervisorError, read_env_file
-
+    when no file is given (a server without a key); a JobError when the file lacks it."""
     try:
-        value = read_env_file(path).get("REGEN_SERVING_API_KEY")
-    except SupervisorError as exc:
+        return read_api_key(path, name)
+    except SecretFileError as exc:
         raise JobError(str(exc)) from None
-    if not value:
-        raise JobError(f"{path} has no REGEN_SERVING_API_KEY= line; re-run the serve stage")
-    return value
 
 
 def json_object_arg(text: str, flag: str) -> dict[str, Any]:
@@ -248,12 +238,8 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+# The jobs' name for module_utils' one file digest.
+sha256_file = file_sha256
 
 
 # --------------------------------------------------------------------------------------------------
@@ -494,7 +480,7 @@ class StatusFile:
         self.disarm()
         if self.path is None:
             return
-        from regen.jobs.status import Status
+        from regen.status import Status
 
         doc: dict[str, Any] | None = None
         if self._build is not None:

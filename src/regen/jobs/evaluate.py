@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from regen.status import RUNNING_STATES, Status
+
 from .. import __version__
 from ..fsio import atomic_write_bytes, atomic_write_json
 from ._common import (
@@ -58,7 +60,7 @@ from ._common import (
     setup_logging,
     sha256_file,
 )
-from .status import RUNNING_STATES, Status
+from ._evaluation import add_evaluation_inputs, load_prompts
 
 log = logging.getLogger("regen.jobs.evaluate")
 
@@ -72,68 +74,6 @@ FULL_HASH_LIMIT = 1 << 30  # model files above this are identified by name and s
 # --------------------------------------------------------------------------------------------------
 # Inputs
 # --------------------------------------------------------------------------------------------------
-
-
-def prompt_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(
-            p
-            for p in path.iterdir()
-            if p.name.endswith((".jsonl", ".jsonl.gz")) and p.name != "rejects.jsonl"
-        )
-        if files:
-            return files
-    raise JobError(
-        f"no prompts at {path}: pass a JSONL file or the prompts stage's directory of *.jsonl shards "
-        "(-e evaluate_prompts=PATH)"
-    )
-
-
-def first_user_turn(conversation: Any) -> list[dict[str, str]] | None:
-    """System turns and the first user turn: what the target is asked to answer (as SpecForge's bench)."""
-    if not isinstance(conversation, list):
-        return None
-    cut = []
-    for turn in conversation:
-        if not isinstance(turn, dict) or turn.get("role") not in ("system", "user"):
-            continue
-        if not isinstance(turn.get("content"), str):
-            return None
-        cut.append({"role": turn["role"], "content": turn["content"]})
-        if turn["role"] == "user":
-            return cut
-    return None
-
-
-def selection_key(seed: int, prompt_id: str) -> str:
-    """Prompts are picked by a keyed hash of their id: the same set whatever order the files list them in."""
-    return hashlib.sha256(f"{seed}:{prompt_id}".encode()).hexdigest()
-
-
-def load_prompts(path: Path, limit: int, seed: int) -> list[dict[str, Any]]:
-    rows: dict[str, dict[str, Any]] = {}
-    for file in prompt_files(path):
-        for lineno, raw in iter_lines(file):
-            row, err = decode_json_line(raw)
-            turns = (
-                first_user_turn(row.get("conversations") or row.get("messages"))
-                if isinstance(row, dict)
-                else None
-            )
-            if err or turns is None:
-                log.warning(
-                    "prompt skipped", extra=kv(file=str(file), line=lineno, reason=err or "no user turn")
-                )
-                continue
-            pid = str(row.get("id") or hashlib.sha256(canonical_json(turns)).hexdigest()[:16])
-            category = row.get("category") or (row.get("metadata") or {}).get("category")
-            rows.setdefault(pid, {"id": pid, "turns": turns, "category": category})
-    if not rows:
-        raise JobError(f"no usable prompt in {path}: rows need `conversations` with a user turn")
-    picked = sorted(rows.values(), key=lambda r: selection_key(seed, r["id"]))[:limit]
-    return sorted(picked, key=lambda r: r["id"])
 
 
 def files_digest(directory: Path, patterns: tuple[str, ...]) -> str:
@@ -197,32 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         status=False,
         progress=False,
     )
-    p.add_argument("--target-model", type=Path, required=True, help="the target model directory")
-    p.add_argument(
-        "--checkpoint", type=Path, required=True, help="exported drafter (config.json + safetensors)"
-    )
-    p.add_argument("--prompts", type=Path, required=True, help="JSONL file or directory of *.jsonl shards")
-    p.add_argument("--output-dir", type=Path, required=True)
-    p.add_argument("--max-prompts", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--prompt-max-tokens", type=int, default=256, help="longer prompts keep their last tokens")
-    p.add_argument(
-        "--chat-template-kwargs",
-        default="{}",
-        help="chat-template variables the completions were generated with, e.g. '{\"thinking\": true}' "
-        "(the plan's generation.chat_template_kwargs)",
-    )
-    p.add_argument(
-        "--thinking-switch",
-        default="",
-        help="the template's boolean thinking variable (the plan's generation.thinking_switch, e.g. "
-        "`thinking` for Kimi, `enable_thinking` for Qwen3); needed by --turn-kinds",
-    )
-    p.add_argument(
-        "--turn-kinds",
-        default="",
-        help="comma list of thinking,non-thinking: every prompt is evaluated as each kind of turn (the "
-        "switch set on or off over --chat-template-kwargs); empty: only the turns the kwargs give",
+    add_evaluation_inputs(
+        p,
+        max_prompts=8,
+        max_new_tokens=32,
+        seed_help="the seeded prompt selection and the untrained drafter's init",
+        force_help="re-evaluate even when the report is up to date",
     )
     p.add_argument(
         "--drafters", default=",".join(DRAFTER_CHOICES), help="comma list of trained,untrained,oracle"
@@ -241,7 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
         "regen-export-step*.json marker), trained drafter only, chain verification, the first turn kind: "
         "acceptance against training step (0: none)",
     )
-    p.add_argument("--seed", type=int, default=0, help="prompt selection and the untrained drafter's init")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument(
         "--device",
@@ -249,8 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the target and drafters run: cpu (default), cuda or cuda:N (the reference on a GPU: "
         "one sequence at a time, so its tokens/s measure the decoding algorithm, not a serving engine)",
     )
-    p.add_argument("--no-trust-remote-code", action="store_true")
-    p.add_argument("--force", action="store_true", help="re-evaluate even when the report is up to date")
     p.add_argument("--status-file", type=Path, help="status JSON (default: OUTPUT_DIR/status.json)")
     return p
 

@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from regen.status import RUNNING_STATES, Status
+
 from .. import __version__
 from ..evaluate import serving as S
 from ..fsio import atomic_write_bytes, atomic_write_json
@@ -75,8 +77,8 @@ from ._common import (
     setup_logging,
     want_progress,
 )
-from .evaluate import exit_if_report_current, files_digest, load_json_object, load_prompts, turn_kinds
-from .status import RUNNING_STATES, Status
+from ._evaluation import add_evaluation_inputs, load_prompts
+from .evaluate import exit_if_report_current, files_digest, load_json_object, turn_kinds
 
 log = logging.getLogger("regen.jobs.evaluate_serving")
 
@@ -649,30 +651,13 @@ def cmd_report(a: argparse.Namespace) -> int:
 def _inputs_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("what is evaluated (the same in plan, run and report)")
-    g.add_argument(
-        "--target-model",
-        type=Path,
-        required=True,
-        help="the target model directory (its tokenizer renders the prompts)",
+    add_evaluation_inputs(
+        g,
+        max_prompts=64,
+        max_new_tokens=256,
+        seed_help="the seeded prompt selection (as regen.jobs.evaluate)",
+        force_help="report: write the report again even when up to date",
     )
-    g.add_argument(
-        "--checkpoint", type=Path, required=True, help="the exported drafter the dflash server loads"
-    )
-    g.add_argument("--prompts", type=Path, required=True, help="JSONL file or directory of *.jsonl shards")
-    g.add_argument("--output-dir", type=Path, required=True)
-    g.add_argument("--max-prompts", type=int, default=64)
-    g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--prompt-max-tokens", type=int, default=256, help="longer prompts keep their last tokens")
-    g.add_argument(
-        "--chat-template-kwargs", default="{}", help="the plan's generation.chat_template_kwargs (JSON)"
-    )
-    g.add_argument(
-        "--thinking-switch", default="", help="the template's thinking variable (needed by --turn-kinds)"
-    )
-    g.add_argument(
-        "--turn-kinds", default="", help="comma list of thinking,non-thinking (empty: the kwargs' turns)"
-    )
-    g.add_argument("--seed", type=int, default=0, help="the seeded prompt selection (as regen.jobs.evaluate)")
     g.add_argument(
         "--concurrency",
         type=int,
@@ -690,8 +675,6 @@ def _inputs_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--tie-tolerance", type=float, default=S.DEFAULT_TIE_TOLERANCE, help="nats (report's near ties)"
     )
-    g.add_argument("--no-trust-remote-code", action="store_true")
-    g.add_argument("--force", action="store_true", help="report: write the report again even when up to date")
     return p
 
 

@@ -625,7 +625,7 @@ def load_prompt_counter(path: Path | None) -> tuple[PromptCounter | None, str]:
     plan then bounds them by bytes and says so) rather than failing the prompt set."""
     if path is None:
         return None, "no --tokenizer was given"
-    from regen.jobs.tokenize import load_tokenizer
+    from regen.tokenization.loader import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(str(path))
@@ -703,7 +703,7 @@ def tokenizer_identity(path: Path | None) -> dict[str, Any] | None:
     when not given or not a directory, so the prompt set is rebuilt (and recounted) when the model changes."""
     if path is None or not path.is_dir():
         return None
-    from regen.jobs.tokenize import tokenizer_digest
+    from regen.tokenization.loader import tokenizer_digest
 
     return {"path": str(path), "digest": tokenizer_digest(path)}
 

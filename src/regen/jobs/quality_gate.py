@@ -26,14 +26,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..module_utils.regen_files import read_tail
 from ..quality.gate import GateError, run_probes
 from ..quality.probes import ProbeError, load_probes, parse_probes
 from ..serving.diagnose import diagnose, tail
 from ..serving.known_failures import match_log, suggest_for_output
-from ._common import EXIT_FAILED_RECORDS, EXIT_OK, EXIT_UNAVAILABLE, JobError, atomic_write_json, run_main
+from ._common import (
+    EXIT_FAILED_RECORDS,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    JobError,
+    atomic_write_json,
+    run_main,
+    serving_api_key,
+)
 
 LOG_TAIL_LINES = 40
-LOG_TAIL_BYTES = 256 * 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,17 +93,7 @@ def _api_key(a: argparse.Namespace) -> str | None:
         if not value:
             raise JobError(f"--api-key-env {a.api_key_env}: that environment variable is empty or unset")
         return value
-    if a.api_key_env_file:
-        from ..serving.supervisor import SupervisorError, read_env_file
-
-        try:
-            value = read_env_file(a.api_key_env_file).get(a.api_key_var)
-        except SupervisorError as exc:
-            raise JobError(str(exc)) from None
-        if not value:
-            raise JobError(f"{a.api_key_env_file} has no {a.api_key_var}= line; re-run the serve stage")
-        return value
-    return None
+    return serving_api_key(a.api_key_env_file, a.api_key_var)
 
 
 def _probes(a: argparse.Namespace):
@@ -127,13 +125,7 @@ def _tokenizer(path: str | None) -> Any:
 def read_log(a: argparse.Namespace) -> str:
     """The end of the server's log (file or journal); empty when there is none to read."""
     if a.log_file:
-        try:
-            with open(a.log_file, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - LOG_TAIL_BYTES))
-                return handle.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return read_tail(a.log_file)
     if a.unit:
         try:
             out = subprocess.run(

@@ -12,7 +12,7 @@
 `measure` runs one fixed benchmark against a server that is up and passed the quality gate: the same
 request mix (the first user turns of the prompt set, cycled to --requests per level, every answer capped
 at --max-tokens, temperature 0) at each --concurrency. With `--client regen` (every server but SGLang) the
-requests go through regen's generation client, streamed (`regen.jobs.generate.streaming`), so time to
+requests go through regen's generation client, streamed (`regen.serving.streaming`), so time to
 first token is measured; with `--client sglang` SGLang's own `python -m sglang.benchmark.serving` runs
 once per level on the same mix (its command lines are recorded). Each level records output tokens/s,
 TTFT, TPOT and end-to-end latency percentiles (`regen.bench.stats`).
@@ -56,10 +56,8 @@ from regen.jobs._common import (
     setup_logging,
 )
 from regen.jobs.generate.rows import BadRow, normalize_endpoint, parse_prompt_row, resolve_inputs, turn_plan
-from regen.jobs.generate.streaming import StreamError, stream_completion, streaming_body
-
-LOG_TAIL_BYTES = 256 * 1024
-
+from regen.module_utils.regen_files import read_tail
+from regen.serving.streaming import StreamError, stream_completion, streaming_body
 
 # ------------------------------------------------------------------------------------------ inputs
 
@@ -279,13 +277,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
 
 def _log_text(a: argparse.Namespace) -> str:
     if a.log_file and os.path.exists(a.log_file):
-        try:
-            with open(a.log_file, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return read_tail(a.log_file)
     if a.unit and shutil.which("journalctl"):
         done = subprocess.run(
             ["journalctl", "-u", a.unit, "-n", "400", "--no-pager", "-o", "cat"],

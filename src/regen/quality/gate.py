@@ -15,7 +15,6 @@ Only loopback endpoints are accepted: the gate runs on the serving host, next to
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..module_utils.regen_net import is_loopback
 from .detector import DEFAULT_THRESHOLDS, Thresholds, degeneration, strip_reasoning
 from .probes import Probe, check_answer
 
@@ -43,13 +43,7 @@ def check_loopback(endpoint: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise GateError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:30000, not {endpoint!r}")
     host = parsed.hostname
-    loopback = host == "localhost"
-    if not loopback:
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-    if not loopback:
+    if not is_loopback(host):
         raise GateError(
             f"the quality gate only talks to loopback endpoints (127.0.0.1, ::1, localhost), not {host!r}: "
             "run it on the serving host against the server's local port"

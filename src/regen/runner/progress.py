@@ -1,7 +1,7 @@
 """Job progress: the status documents the generation, tokenize and training jobs write as they run.
 
 The jobs run on the target host and rewrite a small JSON status file as they go. Its keys are the one
-schema the jobs own, `regen.jobs.status` (`job`, `state`, `item`, `done`, `total`, `failed`, `tokens`,
+schema the jobs own, `regen.status` (`job`, `state`, `item`, `done`, `total`, `failed`, `tokens`,
 `tokens_per_s`, `eta_s`, `line`, ...): this module reads those keys and nothing else. A file that is
 missing, half-written, not JSON or not a status document is skipped until it parses.
 
@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from regen.jobs.status import Status, from_document
+from regen.status import Status, from_document
 
 #: One reading of a job's progress.
 JobStatus = Status

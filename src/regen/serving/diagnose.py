@@ -9,7 +9,9 @@ foresaw falls back to the last exception line of the log.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from regen.serving.cause import Cause
+from regen.serving.known_failures import match_log
 
 # (stage, regex): the last match in the log wins, so order only matters within one line.
 _STAGES: list[tuple[str, re.Pattern[str]]] = [
@@ -31,16 +33,6 @@ _STAGES: list[tuple[str, re.Pattern[str]]] = [
     ("warming up", re.compile(r"Start of (?:co-locate )?warmup|warmup request")),
     ("ready", re.compile(r"The server is fired up and ready to roll")),
 ]
-
-
-@dataclass(frozen=True)
-class Cause:
-    """A likely reason a server did not come up, and what to do about it."""
-
-    kind: str
-    summary: str
-    hint: str
-    line: str = ""
 
 
 # (kind, regex, summary, hint). The first pattern that matches anywhere in the tail wins, so specific
@@ -167,9 +159,6 @@ def diagnose(text: str) -> Cause | None:
     kernels refusing sm_120, a ptxas too old for the GPU, ...) come first: they name the fix and its
     source, where the generic causes below would only say "the server raised an exception".
     """
-    # Imported here: known_failures builds its answers from this module's Cause.
-    from regen.serving.known_failures import match_log
-
     known = match_log("\n".join(_lines(text)))
     if known is not None:
         return known

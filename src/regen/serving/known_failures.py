@@ -3,7 +3,7 @@
 Two tables of data, each row with its public source, for readiness diagnosis and the quality gate:
 
 * LOG_SIGNATURES: a regex over the server log, what it means and what to change. `match_log(text)`
-  returns a `regen.serving.diagnose.Cause`; `diagnose.diagnose` asks it first (these are more specific
+  returns a `regen.serving.cause.Cause`; `diagnose.diagnose` asks it first (these are more specific
   than the generic causes there, e.g. "Unsupported architecture" would otherwise surface as a plain
   exception), so the readiness wait of the sglang_server role shows the cause, the fix and its source.
 * OUTPUT_SIGNATURES: serving setups that public reports found answering with garbage while healthy,
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .diagnose import Cause
+from .cause import Cause
 
 SGLANG_0_5_23_SOURCE = "SGLang 0.5.23 (PyPI wheel): python/sglang/srt/arg_groups/attention_hook.py"
 

@@ -31,11 +31,12 @@ import urllib.request
 
 from regen import procs
 from regen.fsio import atomic_write_json, atomic_write_text, read_json_object
+from regen.module_utils.regen_files import read_tail
+from regen.module_utils.regen_secrets import SecretFileError, read_api_key, read_env_file
 from regen.serving.diagnose import diagnose, stage_of, tail
 
 EXIT_OK = 0
 EXIT_ERROR = 2
-LOG_TAIL_BYTES = 256 * 1024
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -56,38 +57,6 @@ def _paths(state_dir: str, name: str) -> dict[str, str]:
         "state": os.path.join(state_dir, f"{name}.state.json"),
         "log": os.path.join(state_dir, f"{name}.log"),
     }
-
-
-def read_env_file(path: str | None) -> dict[str, str]:
-    """KEY=VALUE lines as systemd's EnvironmentFile= reads them (comments, optional quotes)."""
-    if not path:
-        return {}
-    env = {}
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for raw in handle:
-                line = raw.strip()
-                if not line or line.startswith(("#", ";")) or "=" not in line:
-                    continue
-                key, value = line.split("=", 1)
-                value = value.strip()
-                if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-                    value = value[1:-1]
-                env[key.strip()] = value
-    except FileNotFoundError as exc:
-        raise SupervisorError(f"environment file {path} does not exist; re-run the serve stage") from exc
-    return env
-
-
-def _tail_text(path: str) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - LOG_TAIL_BYTES))
-            return handle.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,7 +255,7 @@ def _observe(args: argparse.Namespace) -> dict:
     return {
         "alive": bool(pid),
         "elapsed": time.monotonic() - started if started else 0.0,
-        "log": _tail_text(paths["log"]),
+        "log": read_tail(paths["log"]),
         "state": "running" if pid else "not running",
         "exit_status": None,
         "restarts": 0,
@@ -295,7 +264,7 @@ def _observe(args: argparse.Namespace) -> dict:
 
 def wait(args: argparse.Namespace) -> dict:
     """Poll readiness for up to one slice; return as soon as the server is ready or has died."""
-    api_key = read_env_file(args.api_key_env_file).get(args.api_key_var) if args.api_key_env_file else None
+    api_key = read_api_key(args.api_key_env_file, args.api_key_var)
     deadline = time.monotonic() + args.slice
     answer = "not probed"
     while True:
@@ -425,7 +394,7 @@ def _get_json(url: str, api_key: str | None, timeout: float):
 
 
 def info(args: argparse.Namespace) -> dict:
-    api_key = read_env_file(args.api_key_env_file).get(args.api_key_var) if args.api_key_env_file else None
+    api_key = read_api_key(args.api_key_env_file, args.api_key_var)
     base = args.url.rstrip("/")
     out = {"changed": False, "v1_models": redact(_get_json(base + "/v1/models", api_key, args.timeout))}
     if args.backend == "sglang":
@@ -438,7 +407,7 @@ def info(args: argparse.Namespace) -> dict:
 
 
 def diagnose_cmd(args: argparse.Namespace) -> dict:
-    api_key = read_env_file(args.api_key_env_file).get(args.api_key_var) if args.api_key_env_file else None
+    api_key = read_api_key(args.api_key_env_file, args.api_key_var)
     seen = _observe(args)
     out = {"alive": seen["alive"], "state": seen["state"], "changed": False, **_diagnosis(seen)}
     return _scrub(out, api_key)
@@ -528,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.state_dir and not args.name:
                 raise SupervisorError("--state-dir needs --name")
             out = wait(args) if args.command == "wait" else diagnose_cmd(args)
-    except SupervisorError as exc:
+    except (SupervisorError, SecretFileError) as exc:
         print(json.dumps({"failed": True, "msg": str(exc), "changed": False}))
         return EXIT_ERROR
     print(json.dumps(out, sort_keys=True))

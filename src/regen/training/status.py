@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from regen.fsio import atomic_write_json
-from regen.jobs.status import Status
+from regen.status import Status
 
 STEP_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?step (?P<step>\d+): (?P<metrics>\{.*\})\s*$")
 # Lines that name why a run failed; the last one seen is reported.
 ERROR_LINE = re.compile(
     r"^\s*(?:\[rank\d+\]:\s*)?(?P<error>(?:[A-Za-z_.]*Error|Exception|RuntimeError)(?::.*)?)$"
 )
-# The states a training reports (a subset of `regen.jobs.status.STATES`); "lost" is the launcher's
+# The states a training reports (a subset of `regen.status.STATES`); "lost" is the launcher's
 # verdict on a supervisor that vanished, which a later look may still revise.
 STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
 FINAL_STATES = ("succeeded", "failed", "stopped")
@@ -54,7 +54,7 @@ def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
 
 
 def new_status(total_steps: int | None = None, **extra: Any) -> dict[str, Any]:
-    """A training status document (`regen.jobs.status`: `done`/`total` count optimizer steps, `pid` is
+    """A training status document (`regen.status`: `done`/`total` count optimizer steps, `pid` is
     the supervisor's) with SpecForge's metrics beside the schema's keys, and the launcher's `extra`."""
     now = time.time()
     doc = Status(job="train", state="starting", item="step", line="", done=0, total=total_steps, pid=None)

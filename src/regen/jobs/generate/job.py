@@ -71,8 +71,8 @@ from regen.jobs.generate.stale import (
     settings_key,
     stale_reason,
 )
-from regen.jobs.status import Status
 from regen.quality.detector import RollingDegeneration
+from regen.status import Status
 
 # HTTP statuses that say the request is not allowed: every other request would be refused the same way.
 AUTH_STATUS = frozenset({401, 403})

@@ -17,6 +17,7 @@ from regen.jobs._common import (
     JobError,
     sha256_file,
 )
+from regen.module_utils.regen_net import redact_url
 
 log = logging.getLogger("regen.jobs.generate")
 
@@ -183,23 +184,6 @@ def normalize_endpoint(url: str) -> str:
     if u.endswith("/v1"):
         return u + "/chat/completions"
     return u + "/v1/chat/completions"
-
-
-def redact_url(url: str) -> str:
-    """The URL as it may be shown or stored: a password (or a lone user token) in it becomes `***`."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return url
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if parts.port is not None:
-        host += f":{parts.port}"
-    user = f"{parts.username}:***" if parts.password is not None else "***"
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{host}"))
 
 
 def url_secrets(url: str) -> list[str]:

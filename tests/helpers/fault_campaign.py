@@ -10,7 +10,7 @@ by `transformers serve` on loopback, `... tokenize`) and injects one fault at a 
   server_killed      SIGKILL to the model server while generation runs; it is started again at once
   disk_full          the pipeline's disk (a small tmpfs of its own) filled to a few KiB while a stage runs
   endpoint_errors    HTTP 500/503/429/400 for a while, from the STUB fault proxy between job and server
-                     (`regen.testing.fault_proxy`)
+                     (`tests.helpers.fault_proxy`)
   endpoint_hang      the proxy holds every request for a while (the job's request timeout is short)
   prompt_edited      prompts edited in the source between two runs (same ids, other text)
   prompt_removed     prompts removed from the source between two runs
@@ -455,7 +455,7 @@ class Campaign:
     # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> Campaign:
-        from regen.testing.fault_proxy import FaultProxy
+        from tests.helpers.fault_proxy import FaultProxy
 
         t0 = time.monotonic()
         try:
@@ -729,7 +729,7 @@ class Campaign:
         return [str(r.get("error")) for r in rows if isinstance(r, dict)]
 
     def _names_the_fault(self, kind: str, run: StageRun, state: str | None, said: str) -> str | None:
-        from regen.jobs.status import liveness
+        from regen.status import liveness
 
         rc = run.rc
         if kind == "sigkill":

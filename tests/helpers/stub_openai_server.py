@@ -25,7 +25,7 @@ All switches can be changed at run time: `POST /stub/config` with a JSON object 
 (underscores), and `GET /stub/stats` returns counters; `GET /stub/requests` the recorded requests
 ({path, authorization, body}) when started with --record.
 
-Run: `python -m regen.testing.stub_openai_server --port 0 --delay 0.2` prints `STUB_URL=http://127.0.0.1:PORT`.
+Run: `python -m tests.helpers.stub_openai_server --port 0 --delay 0.2` prints `STUB_URL=http://127.0.0.1:PORT`.
 It refuses to bind anything but a loopback address.
 """
 
@@ -36,7 +36,6 @@ import asyncio
 import dataclasses
 import functools
 import hashlib
-import ipaddress
 import json
 import os
 import random
@@ -45,11 +44,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from regen.testing.threaded_app import ThreadedApp
+from regen.module_utils.regen_net import is_loopback
+from tests.helpers.threaded_app import ThreadedApp
 
 FAIL_KINDS = ("429", "500", "503", "reset", "stall", "malformed")
 
@@ -262,12 +263,8 @@ class StubApp:
 
 
 def _check_loopback(host: str) -> None:
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    except ValueError:
-        if host == "localhost":
-            return
+    if is_loopback(host):
+        return
     raise SystemExit(f"error: the stub only binds loopback addresses, not {host!r}")
 
 
@@ -297,12 +294,16 @@ class StubServer(ThreadedApp):
         return self.stub.app
 
 
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
 def spawn(args: list[str], python: str | None = None, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
     """Start the stub as its own process (benchmarks, kill tests); return (process, base URL)."""
     proc = subprocess.Popen(
-        [python or sys.executable, "-m", "regen.testing.stub_openai_server", *args],
+        [python or sys.executable, "-m", "tests.helpers.stub_openai_server", *args],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=_CHECKOUT,  # `-m tests.helpers...` resolves from the checkout, whatever the caller's directory
     )
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
@@ -318,7 +319,7 @@ def spawn(args: list[str], python: str | None = None, timeout: float = 30.0) -> 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m regen.testing.stub_openai_server",
+        prog="python -m tests.helpers.stub_openai_server",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from regen import procs
+
 SCHEMA = "regen.status/1"
 
 # Every state a job reports. "lost" is the training launcher's verdict on a supervisor that vanished
@@ -112,21 +114,6 @@ def from_document(doc: object) -> Status | None:
     return Status(**{key: doc[key] for key in KEYS})
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: it exists
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
-
-
 def liveness(doc: Mapping[str, Any], now: float | None = None, *, grace: float = 3.0) -> str:
     """What a reader on the job's host can tell from a status document:
 
@@ -138,7 +125,7 @@ def liveness(doc: Mapping[str, Any], now: float | None = None, *, grace: float =
     if doc.get("state") in FINAL_STATES:
         return "finished"
     pid = doc.get("pid")
-    if not isinstance(pid, int) or not pid_alive(pid):
+    if not isinstance(pid, int) or not procs.alive(pid):
         return "dead"
     beat = doc.get("heartbeat_s")
     interval = beat if _is_number(beat) and beat > 0 else 2.0

@@ -2,7 +2,7 @@
 
 Not a model server and not a load balancer: it forwards every request to one upstream server (the real
 one: `transformers serve` with the demo model, SGLang) byte for byte and its answer back, unless a fault
-is switched on. It exists for the fault campaign (`regen.testing.fault_campaign`), which needs the real
+is switched on. It exists for the fault campaign (`tests.helpers.fault_campaign`), which needs the real
 server's answers and, on demand, the failures a real deployment produces rarely and unpredictably:
 
   errors(rate, statuses)   a share `rate` of requests is answered with one of `statuses` (e.g. 500, 503,
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import aiohttp
 from aiohttp import web
 
-from regen.testing.threaded_app import LOOPBACK, ThreadedApp
+from tests.helpers.threaded_app import LOOPBACK, ThreadedApp
 
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host"}
