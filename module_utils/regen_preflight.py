@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ansible.module_utils.regen_gpu_requirements import (
+from .regen_gpu_requirements import (
     check_host,
     fmt,
     parse_version,
