@@ -23,6 +23,8 @@ runs every check, with the same results.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 _SPACE, _WORD, _PUNCT = 0, 1, 2
@@ -36,13 +38,15 @@ def _class_of(char: str) -> int:
     return _PUNCT
 
 
-# classes of the 128 ASCII code points; index 128 stands for "not ASCII" until looked up
-_ASCII_CLASS = np.array([_class_of(chr(i)) for i in range(128)] + [_PUNCT], dtype=np.uint8)
+# The class of every code point, filled in as characters are met: 255 until looked up. One byte per
+# code point (1.1 MB), so a text's classes are one indexing operation once its characters were seen.
+_UNKNOWN = 255
+_CLASS = np.full(0x110000, _UNKNOWN, dtype=np.uint8)
+_CLASS[:128] = [_class_of(chr(i)) for i in range(128)]
 # The token hash: sum of (code point + 1) * P**(i - start) over a token's characters, mod 2**64. Computed
 # for all tokens at once as P**-start * sum((cp_i + 1) * P**i); P is odd, so it has an inverse mod 2**64.
 _P = 0x100000001B3  # the 64-bit FNV prime (odd)
 _P_INV = pow(_P, -1, 2**64)
-_LEN_MIX = np.uint64(0x9E3779B97F4A7C15)
 _powers: list[np.ndarray] = [np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64)]
 
 
@@ -50,7 +54,7 @@ def _power_tables(size: int) -> tuple[np.ndarray, np.ndarray]:
     """P**i and P**-i mod 2**64 for i < size (kept for the process, grown when a longer text comes)."""
     have = _powers[0].size
     if have < size:
-        grown = max(size, 4096)
+        grown = max(size, 2 * have, 8192)
         tables = []
         for base in (_P, _P_INV):
             table = np.ones(grown, dtype=np.uint64)
@@ -73,19 +77,36 @@ def _run_lengths(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return edges[::2], edges[1::2] - edges[::2]
 
 
+def _has_run(mask: np.ndarray, length: int) -> bool:
+    """Whether a boolean array holds `length` True values in a row (a C substring search of its bytes)."""
+    return length <= 0 or b"\x01" * length in mask.tobytes()
+
+
 def _code_points(text: str) -> np.ndarray:
     # utf-32 gives one element per character (lone surrogates from JSON escapes pass through as such)
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
 
 
 def _classes(cp: np.ndarray) -> np.ndarray:
-    cls = _ASCII_CLASS[np.minimum(cp, 128)]
-    wide = np.flatnonzero(cp >= 128)
-    if wide.size:
-        uniq, inverse = np.unique(cp[wide], return_inverse=True)
-        looked_up = np.array([_class_of(chr(c)) for c in uniq.tolist()], dtype=np.uint8)
-        cls[wide] = looked_up[inverse]
+    cls = _CLASS[cp]
+    unknown = cls == _UNKNOWN
+    if unknown.any():
+        new = np.unique(cp[unknown])
+        _CLASS[new] = [_class_of(chr(c)) for c in new.tolist()]
+        cls = _CLASS[cp]
     return cls
+
+
+@functools.lru_cache(maxsize=64)
+def _min_loop_run(max_n: int, t) -> int:
+    """The shortest run of positions j with tail[j] == tail[j + n], for any n <= max_n, whose n-gram loop
+    passes the thresholds (the detector's repeats = run // n + 1, at least min_repeats, covering at least
+    min_loop_tokens); at least 1, as the detector needs one repeat."""
+    runs = []
+    for n in range(1, max_n + 1):
+        repeats = max(t.min_repeats, -(-t.min_loop_tokens // n))
+        runs.append((repeats - 1) * n)
+    return max(1, min(runs))
 
 
 def suspects(text: str, t) -> frozenset[str]:
@@ -97,8 +118,7 @@ def suspects(text: str, t) -> frozenset[str]:
     space = cls == _SPACE
 
     # whitespace_run: only a run of at least whitespace_chars whitespace characters can be one
-    _, space_runs = _run_lengths(space)
-    if space_runs.size and int(space_runs.max()) >= t.whitespace_chars:
+    if _has_run(space, t.whitespace_chars):
         found.add("whitespace_run")
 
     nonspace = ~space
@@ -107,11 +127,13 @@ def suspects(text: str, t) -> frozenset[str]:
     if n_chars == 0:
         return frozenset(found)
     if n_chars >= t.char_min_chars:
-        ascii_chars = chars[chars < 128]
-        top = int(np.bincount(ascii_chars).max()) if ascii_chars.size else 0
-        wide = chars[chars >= 128]
-        if wide.size:
-            top = max(top, int(np.unique(wide, return_counts=True)[1].max()))
+        # ASCII characters counted one by one; all others in one bin, an upper bound for each of them
+        counts = np.bincount(np.minimum(chars, 128))
+        top = int(counts.max())
+        if top / n_chars >= t.char_share and counts.size == 129 and counts[128] == top:
+            top = max(
+                int(counts[:128].max()), int(np.unique(chars[chars >= 128], return_counts=True)[1].max())
+            )
         if top / n_chars >= t.char_share:
             found.add("one_token_repeated")
 
@@ -130,8 +152,6 @@ def suspects(text: str, t) -> frozenset[str]:
     powers, inverse_powers = _power_tables(n_chars)
     weighted = (chars.astype(np.uint64) + np.uint64(1)) * powers[:n_chars]
     hashes = np.add.reduceat(weighted, seg_starts) * inverse_powers[seg_starts]
-    lengths = np.diff(np.append(seg_starts, n_chars)).astype(np.uint64)
-    hashes = hashes + lengths * _LEN_MIX
 
     if "one_token_repeated" not in found and n_tokens >= t.word_min_words:
         # the fullest of 4096 hash buckets bounds the most common token's count (linear); only a
@@ -146,16 +166,13 @@ def suspects(text: str, t) -> frozenset[str]:
     size = tail.size
     max_n = min(t.max_n, size // 2)
     if max_n >= 1:
-        # E[j, n-1]: tail[j] == tail[j + n]; past the end compares against distinct sentinels
-        sentinels = np.arange(max_n, dtype=np.uint64) + np.uint64(0xD1B54A32D192ED03)
-        padded = np.concatenate([tail, sentinels])
-        window = np.lib.stride_tricks.sliding_window_view(padded, max_n + 1)[:size]
-        same = window[:, 1:] == window[:, :1]  # same[j, n-1]: tail[j] == tail[j + n]
-        # every run of equal pairs, per n (one row each, a False between rows so runs never join)
-        rows = np.zeros((max_n, size + 1), dtype=bool)
-        rows[:, :size] = same.T
-        run_starts, run_lengths = _run_lengths(rows.ravel())
-        if run_starts.size:
+        # same[n-1, j]: tail[j] == tail[j + n]; a False closes every row, so runs never join
+        same = np.zeros((max_n, size + 1), dtype=bool)
+        for n in range(1, max_n + 1):
+            np.equal(tail[n:], tail[:-n], out=same[n - 1, : size - n])
+        if _has_run(same, _min_loop_run(max_n, t)):
+            # a run long enough for some n: settle it per n (rare in normal text)
+            run_starts, run_lengths = _run_lengths(same.ravel())
             n = run_starts // (size + 1) + 1
             repeats = run_lengths // n + 1
             if bool(((repeats >= t.min_repeats) & (repeats * n >= t.min_loop_tokens)).any()):
