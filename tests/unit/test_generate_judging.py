@@ -122,3 +122,57 @@ def test_the_running_line_carries_the_eta():
         job.meter.add(float(second), job.stats.done)
     assert job.summary_line().endswith("eta=1m30s")  # 900 left at 10/s
     assert job._status_doc()["eta_s"] == pytest.approx(90.0)
+
+
+def test_a_sigkilled_job_leaves_no_judge_worker_behind(tmp_path):
+    import subprocess
+    import sys
+
+    import psutil
+
+    rows = [{"id": f"p{i}", "conversations": [{"role": "user", "content": f"q {i}"}]} for i in range(2000)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with StubServer(StubConfig(delay=0.5)) as stub:
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "regen.jobs.generate",
+                "--input",
+                str(tmp_path / "prompts.jsonl"),
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--endpoint",
+                stub.url,
+                "--model",
+                "m",
+                "--max-tokens",
+                "8",
+                "--concurrency",
+                "4",
+                "--no-progress",
+                "--judge-workers",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            workers: list[psutil.Process] = []
+            while not workers:
+                assert time.monotonic() < deadline, "no judge worker started"
+                assert job.poll() is None, "the job ended early"
+                workers = [
+                    p
+                    for p in psutil.Process(job.pid).children(recursive=True)
+                    if "multiprocessing" in " ".join(p.cmdline())
+                ]
+                time.sleep(0.2)
+            job.kill()
+            job.wait(10)
+            _gone, alive = psutil.wait_procs(workers, timeout=15)
+            assert alive == [], [p.cmdline() for p in alive]
+        finally:
+            if job.poll() is None:
+                job.kill()

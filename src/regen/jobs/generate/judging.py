@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -40,6 +42,7 @@ BATCH_WAIT_S = 0.05
 # never drops one, and a worker that cannot keep up holds back no more than this many records.
 BACKLOG_ANSWERS = 4 * BATCH_ANSWERS
 WORKER_NICE = 10
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def judge_many(texts: list[str | None]) -> list[list[Finding]]:
@@ -47,7 +50,13 @@ def judge_many(texts: list[str | None]) -> list[list[Finding]]:
     return [degeneration(text) for text in texts]
 
 
-def _lower_priority() -> None:
+def _worker_init(job_pid: int) -> None:
+    """In each worker: die with the job (a SIGKILLed job must not leave workers behind), then yield the
+    CPU to it."""
+    with contextlib.suppress(OSError, AttributeError):  # Linux's prctl; elsewhere the pool's own cleanup
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != job_pid:  # the job died before the line above took effect
+        os._exit(0)
     with contextlib.suppress(OSError):  # not allowed here: the checks run at the job's own priority
         os.nice(WORKER_NICE)
 
@@ -67,10 +76,14 @@ class Judge:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
         if workers:
-            # forkserver: the job has threads (asyncio.to_thread) and an event loop; a fork of it would
-            # inherit their locks. The workers import only the detector.
+            # spawn: the job has threads (asyncio.to_thread) and an event loop, whose locks a fork would
+            # inherit; and spawned workers are the job's own children, so they can die with it
+            # (_worker_init), where a forkserver's would outlive a SIGKILLed job.
             self._pool = ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("forkserver"), initializer=_lower_priority
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_worker_init,
+                initargs=(os.getpid(),),
             )
         self.backlog = backlog
         self._warming: asyncio.Future | None = None
