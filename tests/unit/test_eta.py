@@ -63,3 +63,11 @@ def test_settings_that_cannot_work_are_refused():
 )
 def test_fmt_eta(seconds, text):
     assert fmt_eta(seconds) == text
+
+
+def test_readings_stay_few_however_often_the_job_reports():
+    meter = RateMeter(window=120, min_span=1, min_count=1)
+    for i in range(200_000):  # 1,000 batches a second for 200 s
+        meter.add(i / 1000, i)
+    assert len(meter._readings) <= 260
+    assert meter.rate() == pytest.approx(1000.0, rel=0.01)

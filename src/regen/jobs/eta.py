@@ -20,6 +20,7 @@ class RateMeter:
         self.window = window
         self.min_span = min_span
         self.min_count = min_count
+        self._spacing = window / 256  # readings kept at least this far apart
         self._readings: collections.deque[tuple[float, float]] = collections.deque()
 
     def add(self, now: float, finished: float) -> None:
@@ -27,6 +28,10 @@ class RateMeter:
         readings = self._readings
         if readings and now <= readings[-1][0]:
             readings[-1] = (readings[-1][0], finished)
+        elif len(readings) >= 2 and now - readings[-2][0] < self._spacing:
+            # the newest reading moves forward instead of adding one: a job that writes hundreds of
+            # batches a second keeps a few hundred readings per window, not one per batch
+            readings[-1] = (now, finished)
         else:
             readings.append((now, finished))
         # keep one reading at or before the window's start, so the span covers the whole window
