@@ -42,8 +42,14 @@ check: bootstrap ## unit and integration tests (fast; no end-to-end runs)
 e2e: bootstrap ## slow end-to-end cases: the full demo pipeline twice, molecule scenarios
 	pytest -m e2e $(PYTEST_ARGS)
 
+# Bounded sizes by default (minutes on a 2-core machine); `make bench BENCH_SIZE=` runs the full sizes
+# (the generate benchmark's long-answer case then generates 10,000 prompts per variant and checks memory
+# from 10,000 to 160,000 prompts).
+BENCH_SIZE ?= --quick
 bench: bootstrap ## benchmarks (ratios against a limit or a peer measured in the same run)
-	@for b in bench/bench_*.py; do echo "== $$b"; python $$b || exit 1; done
+	@for b in bench/bench_*.py; do echo "== $$b"; \
+	  case $$b in bench/bench_generate.py) python $$b $(BENCH_SIZE) || exit 1;; *) python $$b || exit 1;; esac; \
+	done
 
 lock: ## re-resolve the hashed requirements/controller.lock from controller.in (envs/resolve.sh: host locks)
 	envs/resolve.sh requirements/controller.in

@@ -1,6 +1,8 @@
 """Benchmarks of the generation job against the STUB OpenAI-compatible server on loopback.
 
-    .venv/bin/python bench/bench_generate.py [--quick] [--strict] [--only throughput,overhead,resume,memory]
+    .venv/bin/python bench/bench_generate.py [--quick] [--strict]
+        [--only throughput,overhead,resume,memory,long]
+        [--long-prompts N] [--long-rounds R] [--long-sizes 1500,6000] [--long-memory 10000,160000]
 
 Every number is a ratio against a limit or a peer measured in the same run, on this machine:
   throughput  stub answers after 200 ms; with 256 requests in flight the limit is 256/0.2 = 1280 req/s.
@@ -13,6 +15,14 @@ Every number is a ratio against a limit or a peer measured in the same run, on t
               the 1M prompts.
   memory      peak RSS of the job over a small and a 5x larger prompt file. Target: the larger file costs
               <= 1.25x the memory (the input is streamed, never loaded whole).
+  long        answers of real size: the stub answers ~6 KB and ~24 KB (1,500 and 6,000 filler words) after
+              200 ms, 512 requests in flight, the degeneration stop on. The peer is a bare aiohttp client
+              (a semaphore, parse the answer, one JSON line per answer) against the same stub, measured
+              in the same run, interleaved with the job over --long-rounds rounds (medians). The job runs
+              with its judge in a worker process (the default) and in the event loop (--judge-workers 0),
+              so the two placements are compared too. Target: the job (default) >= 0.9x the bare client.
+              Then the job's peak RSS over the two prompt counts of --long-memory (~6 KB answers).
+              Target: the larger run costs <= 1.25x the memory.
 The job runs as its real CLI in a subprocess; the stub runs in its own process. Results are printed;
 with --strict the exit code is 1 when a target is missed.
 """
@@ -333,6 +343,135 @@ def bench_memory(work: Path, quick: bool) -> tuple[bool, str]:
     )
 
 
+# ------------------------------------------------------------------------------------------ long answers
+
+
+_BARE_LONG_CLIENT = """
+import asyncio, json, sys, time
+import aiohttp
+url, prompts, conc, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+rows = [json.loads(line) for line in open(prompts)]
+async def main():
+    sem = asyncio.Semaphore(conc)
+    with open(out, "w") as fh:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            async def one(row):
+                async with sem:
+                    body = json.dumps({"model": "bench", "messages": row["conversations"],
+                                       "max_tokens": 100000}).encode()
+                    async with s.post(url + "/v1/chat/completions", data=body,
+                                      headers={"Content-Type": "application/json"}) as r:
+                        doc = json.loads(await r.read())
+                    answer = doc["choices"][0]["message"]["content"]
+                    fh.write(json.dumps({"id": row["id"], "conversations": [*row["conversations"],
+                             {"role": "assistant", "content": answer}]}, ensure_ascii=False) + "\\n")
+            t0 = time.perf_counter()
+            await asyncio.gather(*[one(row) for row in rows])
+            return len(rows) / (time.perf_counter() - t0)
+print(asyncio.run(main()))
+"""
+
+
+def bare_long_client(url: str, prompts: Path, conc: int, out: Path) -> tuple[float, float]:
+    """(requests/s, CPU seconds) of the bare client: the peer the long-answer case is measured against."""
+    proc = subprocess.Popen(
+        [PY, "-c", _BARE_LONG_CLIENT, url, str(prompts), str(conc), str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    out_text = proc.stdout.read() if proc.stdout else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit("the bare client failed")
+    return float(out_text.strip()), usage.ru_utime + usage.ru_stime
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def bench_long(work: Path, quick: bool, opts: argparse.Namespace) -> tuple[bool, str]:
+    conc, delay = 512, 0.2
+    n = opts.long_prompts or (3000 if quick else 10000)
+    rounds = opts.long_rounds or (1 if quick else 3)
+    sizes = [int(x) for x in opts.long_sizes.split(",")]
+    prompts = work / "long.jsonl"
+    write_prompts(prompts, n)
+    lines, ok = [], True
+    for words in sizes:
+        rates: dict[str, list[float]] = {"bare": [], "job": [], "inline": []}
+        cpu: dict[str, list[float]] = {"bare": [], "job": [], "inline": []}
+        unjudged: list[int] = []
+        answer_kb = 0.0
+        with Stub("--delay", str(delay), "--tokens", str(words)) as stub:
+            for r in range(rounds):
+                # the order turns each round, so a change in the machine's load hits every variant
+                order = ["bare", "job", "inline"] if r % 2 == 0 else ["inline", "job", "bare"]
+                for variant in order:
+                    out = work / f"long-{words}-{variant}-{r}"
+                    if variant == "bare":
+                        rate, seconds = bare_long_client(stub.url, prompts, conc, out.with_suffix(".jsonl"))
+                    else:
+                        workers = "1" if variant == "job" else "0"
+                        doc = run_job(
+                            prompts,
+                            out,
+                            stub.url,
+                            "--concurrency",
+                            str(conc),
+                            "--max-tokens",
+                            "100000",
+                            "--judge-workers",
+                            workers,
+                        )
+                        rate, seconds = doc["done"] / doc["generating_s"], doc["cpu_s"]
+                        if variant == "job":
+                            unjudged.append(int((doc.get("degeneration") or {}).get("unjudged") or 0))
+                        if not answer_kb:
+                            records = sum(f.stat().st_size for f in out.rglob("completions*"))
+                            answer_kb = records / doc["done"] / 1024
+                        shutil.rmtree(out, ignore_errors=True)
+                    rates[variant].append(rate)
+                    cpu[variant].append(seconds)
+        bare, job, inline = (_median(rates[k]) for k in ("bare", "job", "inline"))
+        ratio = job / bare
+        good = ratio >= 0.9
+        ok = ok and good
+        lines.append(
+            f"long        {words} words (~{answer_kb:.0f} KB records), concurrency {conc}, delay "
+            f"{delay * 1000:.0f}ms, {n} prompts x {rounds} round(s): bare client {bare:.0f} req/s "
+            f"(CPU {_median(cpu['bare']):.1f}s); job {job:.0f} req/s (CPU {_median(cpu['job']):.1f}s, "
+            f"judge in a worker, unjudged {max(unjudged) if unjudged else 0}); ratio {ratio:.2f} "
+            f"(target >= 0.90) {'OK' if good else 'MISSED'}\n"
+            f"            judge in the event loop (--judge-workers 0): {inline:.0f} req/s = "
+            f"{inline / bare:.2f}x (CPU {_median(cpu['inline']):.1f}s)"
+        )
+    small_n, large_n = (
+        int(x) for x in (opts.long_memory or ("2000,8000" if quick else "10000,160000")).split(",")
+    )
+    peaks = []
+    with Stub("--delay", str(delay), "--tokens", str(sizes[0])) as stub:
+        for count in (small_n, large_n):
+            mem_prompts = work / f"long-mem-{count}.jsonl"
+            write_prompts(mem_prompts, count)
+            out = work / f"long-mem-{count}"
+            doc = run_job(mem_prompts, out, stub.url, "--concurrency", str(conc), "--max-tokens", "100000")
+            peaks.append(doc["maxrss_mb"])
+            shutil.rmtree(out, ignore_errors=True)
+            mem_prompts.unlink()
+    growth = peaks[1] / peaks[0]
+    good = growth <= 1.25
+    ok = ok and good
+    lines.append(
+        f"            memory with {sizes[0]}-word answers: {small_n:,} prompts -> peak RSS "
+        f"{peaks[0]:.0f} MB; {large_n:,} -> {peaks[1]:.0f} MB; ratio {growth:.2f} (target <= 1.25) "
+        f"{'OK' if good else 'MISSED'}"
+    )
+    return ok, "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------ main
 
 BENCHES = {
@@ -340,6 +479,7 @@ BENCHES = {
     "overhead": bench_overhead,
     "resume": bench_resume,
     "memory": bench_memory,
+    "long": bench_long,
 }
 
 
@@ -359,6 +499,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     p.add_argument("--only", default=",".join(BENCHES), help="comma-separated subset")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--long-prompts", type=int, help="long: prompts per run (default 10000; --quick 3000)")
+    p.add_argument("--long-rounds", type=int, help="long: interleaved rounds, medians (default 3; --quick 1)")
+    p.add_argument("--long-sizes", default="1500,6000", help="long: answer sizes in filler words (~4 B each)")
+    p.add_argument(
+        "--long-memory",
+        help="long: the two prompt counts of the memory check (default 10000,160000; --quick 2000,8000)",
+    )
     a = p.parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 8192), hard), hard))
@@ -367,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     missed = []
     try:
         for name in a.only.split(","):
-            ok, line = BENCHES[name.strip()](work, a.quick)
+            bench = BENCHES[name.strip()]
+            ok, line = bench(work, a.quick, a) if bench is bench_long else bench(work, a.quick)
             print(line, flush=True)
             if not ok:
                 missed.append(name)

@@ -11,6 +11,14 @@ Measured in one run, on the demo model's tokenizer (Kimi-style tiktoken, trust_r
 - peak resident memory of the job's driver and of its largest worker.
 Fails (exit 1) when the one-process job is slower than --min-ratio x the peer, or when the job's memory
 grows with the input (a run on twice the conversations must stay within 1.5x the peak RSS).
+
+Then the production-length case (issue 29): --production-samples conversations of 2k-8k tokens each
+(--production-tokens), the size of a thinking model's completions (CT200 regenerates 100,000 of them; the
+count here is scaled down so the case runs on a small machine, the per-sample cost is what is compared):
+- peer: a bare loop of `tokenizer.apply_chat_template(messages, tokenize=True)` over the same records,
+  one process -- samples/s;
+- the whole job, samples/s over its wall time, for each --workers value, and its ratio to the peer.
+Fails when the one-process job is below --min-ratio x that loop. --production-samples 0 skips it.
 """
 
 from __future__ import annotations
@@ -59,6 +67,106 @@ def write_completions(path: Path, n: int, seed: int = 0) -> None:
                     {"role": "assistant", "content": text(80, 400), "reasoning_content": text(150, 900)},
                 ]
             fh.write(json.dumps({"id": f"b{i}", "conversations": turns, "finish_reason": "stop"}) + "\n")
+
+
+def write_long_completions(path: Path, n: int, lo: int, hi: int, tok, seed: int = 2) -> None:
+    """Conversations of lo..hi tokens each (the tokenizer's count of the rendered texts, to within a few
+    percent): a short prompt, a long reasoning and a long answer, as a thinking model writes them."""
+    from regen.demo.bpe import corpus_text
+
+    words = corpus_text().split()
+    sample = " ".join(words[:2000])
+    tokens_per_word = len(tok(sample, add_special_tokens=False)["input_ids"]) / 2000
+    rng = random.Random(seed)
+
+    def text(count: int) -> str:
+        count = max(1, min(count, len(words) - 1))
+        start = rng.randrange(len(words) - count)
+        return " ".join(words[start : start + count])
+
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            total_words = int(rng.randint(lo, hi) / tokens_per_word)
+            prompt = text(min(200, total_words // 10))
+            reasoning = text(total_words * 6 // 10)
+            answer = text(total_words * 3 // 10)
+            turns = [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": answer, "reasoning_content": reasoning},
+            ]
+            fh.write(json.dumps({"id": f"L{i}", "conversations": turns, "finish_reason": "stop"}) + "\n")
+
+
+def template_loop_peer(model: Path, completions: Path) -> dict:
+    """samples/s of a bare `apply_chat_template(..., tokenize=True)` loop over the records, one process."""
+    from regen.jobs.tokenize import load_tokenizer
+
+    tok = load_tokenizer(str(model))
+    records = [json.loads(line) for line in completions.read_text(encoding="utf-8").splitlines()]
+    tokens = 0
+    # the reasoning inline in the answer, as the job renders it: the loop tokenizes as much text as the job
+    conversations = [
+        [
+            {"role": m["role"], "content": f"<think>{m['reasoning_content']}</think>{m['content']}"}
+            if m.get("reasoning_content")
+            else {"role": m["role"], "content": m["content"]}
+            for m in record["conversations"]
+        ]
+        for record in records
+    ]
+    t0, c0 = time.perf_counter(), time.process_time()
+    for messages in conversations:
+        ids = tok.apply_chat_template(messages, tokenize=True)
+        tokens += len(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in newer releases
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "samples": len(records),
+        "tokens": tokens,
+        "seconds": wall,
+        "samples_per_s": len(records) / wall,
+        "cpu_samples_per_s": len(records) / cpu,
+    }
+
+
+def production_case(model: Path, tmpdir: Path, args, cores_list: list[int]) -> bool:
+    from regen.jobs.tokenize import load_tokenizer
+
+    lo, hi = (int(x) for x in args.production_tokens.split(","))
+    completions = tmpdir / "production.jsonl"
+    write_long_completions(completions, args.production_samples, lo, hi, load_tokenizer(str(model)))
+    reference = template_loop_peer(model, completions)
+    print(
+        f"production lengths: {reference['samples']} conversations of {lo:,}-{hi:,} tokens "
+        f"({reference['tokens'] / reference['samples']:,.0f} per conversation on average)"
+    )
+    print(
+        f"peer   apply_chat_template loop     {reference['samples_per_s']:>10,.1f} samples/s "
+        f"({reference['seconds']:.2f} s; {reference['cpu_samples_per_s']:,.1f} per CPU-second)"
+    )
+    runs = {}
+    for workers in cores_list:
+        r = job(model, completions, workers, tmpdir / f"prod-{workers}")
+        runs[workers] = r
+        # per sample over the job's own clock (a run of 100,000 samples pays its start-up once)
+        rate = r["samples"] / r["job_elapsed_s"]
+        first = runs[min(runs)]
+        print(
+            f"job    --workers {workers:<2}               {rate:>10,.1f} samples/s "
+            f"({r['job_elapsed_s']:.2f} s of work, {r['wall']:.2f} s with start-up)  "
+            f"x{rate / reference['samples_per_s']:.2f} of the loop, {r['tokens'] / r['samples']:,.0f} tokens "
+            f"per sample, "
+            f"scaling x{rate / (first['samples'] / first['job_elapsed_s']):.2f}"
+        )
+    if 1 not in runs:
+        return True
+    ratio = (runs[1]["samples"] / runs[1]["job_elapsed_s"]) / reference["samples_per_s"]
+    ok = ratio >= args.min_ratio
+    print(
+        f"{'ok' if ok else 'FAIL'}: one-process job at production lengths = {ratio:.2f} x the "
+        f"apply_chat_template loop (limit {args.min_ratio})"
+    )
+    return ok
 
 
 def peer(model: Path, completions: Path, repeats: int) -> dict:
@@ -136,6 +244,7 @@ def _job_once(model: Path, completions: Path, workers: int, out: Path) -> dict:
         **measured,
         "tokens": summary["tokens"],
         "samples": summary["samples"],
+        "job_elapsed_s": summary["elapsed_s"],  # the job's own clock: from its start to the end of its work
         "tokens_per_s": summary["tokens"] / measured["wall"],
         "cpu_tokens_per_s": summary["tokens"] / measured["cpu"],
     }
@@ -151,11 +260,25 @@ def main() -> int:
     p.add_argument("--workers", default=",".join(str(w) for w in sorted({1, *range(2, cores + 1)})))
     p.add_argument("--repeats", type=int, default=2, help="peer repeats (best of)")
     p.add_argument("--model", type=Path, help="model directory (default: the demo model, built if needed)")
+    p.add_argument(
+        "--production-samples",
+        type=int,
+        default=300,
+        help="conversations in the production-length case (0: skip it; CT200's run has 100,000)",
+    )
+    p.add_argument("--production-tokens", default="2000,8000", help="tokens per conversation, LO,HI")
+    p.add_argument("--skip-short", action="store_true", help="only the production-length case")
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     model = args.model or demo_model()
+    worker_counts = [int(w) for w in args.workers.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as tmp:
         tmpdir = Path(tmp)
+        prod_ok = True
+        if args.production_samples:
+            prod_ok = production_case(model, tmpdir, args, worker_counts)
+        if args.skip_short:
+            return 0 if prod_ok else 1
         completions = tmpdir / "completions.jsonl"
         write_completions(completions, args.conversations)
         reference = peer(model, completions, args.repeats)
@@ -204,7 +327,7 @@ def main() -> int:
     print(f"{'ok' if grew <= 1.5 else 'FAIL'}: memory x{grew:.2f} for twice the input (limit 1.5)")
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"(peak RSS of this benchmark process: {own:.0f} MB)")
-    return 0 if ok else 1
+    return 0 if (ok and prod_ok) else 1
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from regen.jobs.eta import fmt_eta
 from regen.runner import (
     Event,
     ExitCode,
@@ -281,6 +282,8 @@ class LiveView:
         label = f"{status.job}@{event.host}" if event.host else status.job
         count = f"{_fmt_num(status.done)}/{_fmt_num(status.total)}"
         rate = f"{status.tokens_per_s:.1f} tok/s" if status.tokens_per_s is not None else ""
+        if status.eta_s is not None and not status.finished:
+            rate += f" · eta {fmt_eta(status.eta_s)}"
         if status.failed:
             count += f" ({_fmt_num(status.failed)} failed)"
         task_id = self._jobs.get(key)
@@ -360,6 +363,8 @@ class PlainView:
             self._last_job[key] = (s.done, now)
             pct = f" ({s.fraction:.0%})" if s.fraction is not None else ""
             rate = f", {s.tokens_per_s:.1f} tok/s" if s.tokens_per_s is not None else ""
+            if s.eta_s is not None and not s.finished:
+                rate += f", eta {fmt_eta(s.eta_s)}"
             out(
                 Text(
                     f"   job {s.job}{'@' + event.host if event.host else ''}: "

@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             status.maybe_write(lambda: progress("running"))
 
     def progress(state: str, error: str | None = None) -> dict[str, Any]:
-        """The status document (`regen.jobs.status`): one unit is one drafter's run over one prompt, as one
+        """The status document (`regen.status`): one unit is one drafter's run over one prompt, as one
         kind of turn (earlier checkpoints: the trained drafter at that step)."""
         done = len(results.rows)
         ended = state not in RUNNING_STATES

@@ -707,7 +707,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
 
     def status_doc(state: str, **final: Any) -> dict[str, Any]:
-        """The status document (`regen.jobs.status`); `final` adds the job's summary at the end."""
+        """The status document (`regen.status`); `final` adds the job's summary at the end."""
         rejected = sum(totals.rejected.values())
         line = (
             f"tokenize: state={state} rows={totals.input_rows}/{rows_total} samples={totals.samples} "
@@ -734,7 +734,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def beat() -> None:
         """Rewritten every --status-interval even while a long shard runs: pid and updated_at tell a
-        slow job from a dead one (`regen.jobs.status.liveness`)."""
+        slow job from a dead one (`regen.status.liveness`)."""
         # RuntimeError: the counters changed under the heartbeat thread's read; the next beat writes
         with contextlib.suppress(RuntimeError):
             status.maybe_write(lambda: status_doc("running"), force=True)

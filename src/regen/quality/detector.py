@@ -14,7 +14,10 @@ no reference answer:
 
 Fluent nonsense in the right script ("MethodInfoyageegebensatunya amatööri ...") passes all of these:
 the probe set (regen.quality.probes) catches that with questions whose answers are known. Standard
-library only, so the generation job can import it on any host.
+library only, so the generation job can import it on any host; where numpy is importable (the jobs'
+dependencies), a vectorized screen (regen.quality.screen) first rules out the checks that cannot find
+anything in a text, so a normal answer costs linear, C-speed work (issue 29). The findings are the same
+either way: a check the screen cannot rule out runs exactly as without it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+try:
+    from regen.quality.screen import suspects as _screen
+except ImportError:  # no numpy on this host: every check runs
+    _screen = None
 
 # Words, and runs of one punctuation character ("-----" in a markdown table is one token, not a loop of
 # five); whitespace is looked at separately (whitespace_run).
@@ -162,6 +170,14 @@ def _roundtrip(text: str, tokenizer: Any) -> Finding | None:
     return None
 
 
+_CHECKS_BY_NAME = (
+    ("one_token_repeated", _one_token_repeated),
+    ("ngram_loop", _ngram_loop),
+    ("whitespace_run", _whitespace_run),
+)
+_CHECKS = tuple(check for _, check in _CHECKS_BY_NAME)
+
+
 def strip_reasoning(text: str) -> str:
     """The answer without an inline <think>...</think> block (servers started without a reasoning parser)."""
     return _THINK_BLOCK.sub("", text or "")
@@ -193,7 +209,11 @@ def degeneration(
                 "replacement_char", f"{bad} U+FFFD replacement character(s): broken UTF-8 from the server"
             )
         )
-    for check in (_one_token_repeated, _ngram_loop, _whitespace_run):
+    checks = _CHECKS
+    if _screen is not None:
+        could = _screen(text, thresholds)
+        checks = tuple(check for name, check in _CHECKS_BY_NAME if name in could)
+    for check in checks:
         found = check(text, thresholds)
         if found:
             findings.append(found)

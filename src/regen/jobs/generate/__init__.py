@@ -22,7 +22,7 @@ prompts shard that does not match its manifest, a damaged .gz, an API key the se
 (a bug: traceback on stderr); 5 the output cannot be written (a file in the way, read-only, disk full);
 130/143 interrupted (SIGINT/SIGTERM: requests in flight get --stop-grace seconds). Every ending but a
 SIGKILL leaves its state, exit_code and error in status.json, rewritten every --status-interval (pid and
-updated_at tell a live job from a dead one: `regen.jobs.status.liveness`).
+updated_at tell a live job from a dead one: `regen.status.liveness`).
 
 Kill it at any moment (SIGKILL included) and start it again with the same arguments: finished prompts are
 skipped, a torn last line is repaired, nothing is lost or written twice (see `regen.jobs._ledger`).

@@ -160,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop (exit 3) when every endpoint has been down this long",
     )
     add_rolling_arguments(p)
+    p.add_argument(
+        "--judge-workers",
+        type=int,
+        default=1,
+        help="worker processes that run the degeneration checks of the answers, off the event loop "
+        "(0: in the event loop; default 1)",
+    )
     return p
 
 
@@ -170,6 +177,8 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         raise JobError("--max-tokens must be at least 1")
     if a.stop_grace < 0:
         raise JobError("--stop-grace must be 0 or more seconds")
+    if a.judge_workers < 0:
+        raise JobError("--judge-workers must be 0 (the checks run in the event loop) or more")
     try:
         rolling_from_args(a)
     except ValueError as exc:
@@ -249,6 +258,7 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         degenerate_window=a.degenerate_window,
         degenerate_threshold=a.degenerate_threshold,
         degenerate_min_samples=a.degenerate_min_samples,
+        judge_workers=a.judge_workers,
     )
 
 

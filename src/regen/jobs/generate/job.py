@@ -41,7 +41,9 @@ from regen.jobs._common import (
     stop_signals_done,
 )
 from regen.jobs._ledger import ShardStore, id_digest, line_id
+from regen.jobs.eta import RateMeter, fmt_eta
 from regen.jobs.generate.endpoints import Endpoint, EndpointPool, EndpointsDown
+from regen.jobs.generate.judging import Judge
 from regen.jobs.generate.rows import (
     CIRCUIT_STATUS,
     KIND_COMPLETIONS,
@@ -141,6 +143,10 @@ class Settings:
     degenerate_window: int = 200
     degenerate_threshold: float = 0.2
     degenerate_min_samples: int = 20
+    # Where the degeneration checks run (regen.jobs.generate.judging): in this many worker processes, 0 in
+    # the event loop. Decides only where the CPU is spent, never a verdict. The CLI's default is 1
+    # (--judge-workers); 0 here keeps a job built in-process (tests, the dry run) free of child processes.
+    judge_workers: int = 0
 
     def provenance(self) -> dict[str, Any]:
         """What determines the content of a completion and where it goes (run.json, every record)."""
@@ -250,6 +256,9 @@ class GenerateJob:
             if s.degenerate_window
             else None
         )
+        self._judge: Judge | None = None  # started by run() when the rolling detector is on
+        # the ETA's rate: records finished (written, dropped or failed) over the last minutes of work
+        self.meter = RateMeter()
         self._secrets = sorted(
             {x for u in s.endpoints for x in url_secrets(u)} | ({s.api_key} if s.api_key else set()),
             key=len,
@@ -350,13 +359,12 @@ class GenerateJob:
     # ------------------------------------------------------------------ status
 
     def _status_doc(self, exit_code: int | None = None) -> dict[str, Any]:
-        """The status document (`regen.jobs.status`), with this job's own details beside its keys."""
+        """The status document (`regen.status`), with this job's own details beside its keys."""
         st = self.stats
         elapsed = time.monotonic() - self._t0
         rate = st.done / elapsed if elapsed > 0 else 0.0
-        accounted = st.done + st.dropped + st.failed + st.skipped + st.duplicates
-        remaining = (self.total - accounted) if self.total is not None else None
-        eta = (remaining / rate) if (remaining is not None and rate > 0) else None
+        remaining = self._remaining()
+        eta = self._eta(remaining)
         status = Status(
             job="generate",
             state=self._state,
@@ -390,6 +398,8 @@ class GenerateJob:
             requests=st.requests,
             retries=st.retries,
             records_per_s=round(rate, 3),
+            # the rate the ETA is computed from: the last minutes of work, not the whole run
+            recent_records_per_s=round(self.meter.rate() or 0.0, 3),
             latency_p50_s=self.latency.quantile(0.5),
             latency_p99_s=self.latency.quantile(0.99),
             outage_s=round(self.pool.outage_seconds(), 1),
@@ -400,8 +410,17 @@ class GenerateJob:
             superseded=self._moved.get("superseded", 0),
             orphaned=self._moved.get("orphaned", 0),
             settings_changed=self._moved.get("settings_changed", 0),
-            degeneration=self.degeneration.summary() if self.degeneration is not None else None,
+            degeneration=self._degeneration_summary(),
         )
+
+    def _degeneration_summary(self) -> dict[str, Any] | None:
+        if self.degeneration is None:
+            return None
+        summary = self.degeneration.summary()
+        if self._judge is not None:
+            summary["judge_workers"] = self._judge.workers
+            summary["unjudged"] = self._judge.unjudged
+        return summary
 
     def _error_text(self) -> str | None:
         if self._fatal is not None:
@@ -410,16 +429,30 @@ class GenerateJob:
             return self._scrub(str(self.pool.fatal))
         return None
 
+    def _remaining(self) -> int | None:
+        st = self.stats
+        accounted = st.done + st.dropped + st.failed + st.skipped + st.duplicates
+        return (self.total - accounted) if self.total is not None else None
+
+    def _eta(self, remaining: int | None) -> float | None:
+        """Seconds left at the rate measured over the last minutes (None until there is one)."""
+        if self._state in ("done", "failed", "interrupted", "endpoints_down"):
+            return 0.0 if remaining == 0 else None
+        return self.meter.eta_s(remaining)
+
     def summary_line(self) -> str:
         st = self.stats
         elapsed = time.monotonic() - self._t0
-        return (
+        line = (
             f"generate: state={self._state} done={st.done} failed={st.failed} skipped={st.skipped} "
             f"dropped={st.dropped} truncated={st.truncated} duplicates={st.duplicates} "
             f"tokens_in={st.tokens_in} tokens_out={st.tokens_out} "
             f"p50={fmt_seconds(self.latency.quantile(0.5))} p99={fmt_seconds(self.latency.quantile(0.99))} "
             f"elapsed={elapsed:.1f}s rate={st.done / elapsed if elapsed > 0 else 0:.1f}/s"
         )
+        if self._state == "running":
+            line += f" eta={fmt_eta(self._eta(self._remaining()))}"
+        return line
 
     def _tick(self, n: int = 1) -> None:
         if self._bar is not None:
@@ -573,7 +606,8 @@ class GenerateJob:
                 "provenance": self._provenance_record,
             }
             if self.degeneration is not None:
-                self._judge(record, rid, comp.content)
+                assert self._judge is not None
+                self._flag(record, rid, comp.content, await self._judge.findings(comp.content))
             kind = KIND_DROPPED if (truncated and self.s.truncated == "drop") else KIND_COMPLETIONS
             line = json.dumps(record, ensure_ascii=False).encode()
             await queue.put(("ok", kind, digest, line, usage_in, usage_out, truncated))
@@ -612,12 +646,15 @@ class GenerateJob:
         finally:
             sem.release()
 
-    def _judge(self, record: dict[str, Any], rid: str, answer: str | None) -> None:
-        """Feed the last answer to the rolling detector. A degenerate answer is kept, flagged in the record
-        (`quality`); once the recent share passes the threshold the job stops, keeping what it wrote: a
-        broken server must not fill the whole run with garbage."""
+    def _flag(self, record: dict[str, Any], rid: str, answer: str | None, findings: list | None) -> None:
+        """Feed the last answer's findings to the rolling detector. A degenerate answer is kept, flagged in
+        the record (`quality`); once the recent share passes the threshold the job stops, keeping what it
+        wrote: a broken server must not fill the whole run with garbage. `findings` None: the judge was
+        too far behind to check this answer (regen.jobs.generate.judging); it is counted, not judged."""
         assert self.degeneration is not None
-        findings = self.degeneration.add(answer, key=rid)
+        if findings is None:
+            return
+        findings = self.degeneration.add(answer, key=rid, judge=lambda _text: findings)
         if findings:
             record["quality"] = [str(f) for f in findings]
         if self.degeneration.tripped and self._fatal is None:
@@ -689,6 +726,7 @@ class GenerateJob:
                 else:
                     st.failed += 1
                 self._inflight.discard(digest)
+            self.meter.add(time.monotonic(), st.done + st.dropped + st.failed)
             self._tick(len(items))
             self._refresh_bar()
             self.status.maybe_write(self._status_doc)
@@ -858,9 +896,13 @@ class GenerateJob:
 
     async def _heartbeat(self) -> None:
         """status.json rewritten every --status-interval even when nothing finishes: a reader tells a
-        slow job (fresh `updated_at`, live `pid`) from a dead one (`regen.jobs.status.liveness`)."""
+        slow job (fresh `updated_at`, live `pid`) from a dead one (`regen.status.liveness`)."""
         while True:
             await asyncio.sleep(max(0.05, self.s.status_interval))
+            if self._first_request is not None:
+                # a reading while nothing finishes too: a stalled server empties the window (no ETA)
+                st = self.stats
+                self.meter.add(time.monotonic(), st.done + st.dropped + st.failed)
             self.status.maybe_write(self._status_doc, force=True)
 
     async def run(self) -> int:
@@ -906,6 +948,9 @@ class GenerateJob:
             writer = asyncio.create_task(self._writer(queue, errors_fd))
             self.status.maybe_write(self._status_doc, force=True)
             try:
+                if self.degeneration is not None:
+                    self._judge = Judge(self.s.judge_workers)
+                    self._judge.start()
                 async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
                     await self._feed(session, files, queue, sem)
                     while self._tasks:
@@ -920,6 +965,8 @@ class GenerateJob:
                 await writer
                 counter.cancel()
                 os.close(errors_fd)
+                if self._judge is not None:
+                    self._judge.close()
                 self.pool.close()
         finally:
             self.store.close()

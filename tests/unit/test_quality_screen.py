@@ -1,0 +1,91 @@
+"""The vectorized screen (regen.quality.screen) never changes what the degeneration detector finds.
+
+The screen only decides which checks run; a check it skips must be one that could not have found
+anything. Compared here against the detector with every check run (`_screen` off), on the recorded
+outputs and on random texts built to sit near each threshold: loops of every n, one repeated character
+or word, whitespace runs, non-ASCII words and punctuation, lone surrogates, markdown rules.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regen.quality import detector
+from regen.quality.detector import Thresholds, degeneration
+from regen.quality.screen import suspects
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "quality"
+OUTPUTS = json.loads((FIXTURES / "outputs.json").read_text(encoding="utf-8"))
+
+
+def exhaustive(text, thresholds=detector.DEFAULT_THRESHOLDS):
+    screen, detector._screen = detector._screen, None
+    try:
+        return degeneration(text, thresholds=thresholds)
+    finally:
+        detector._screen = screen
+
+
+def test_the_screen_is_in_use():
+    assert detector._screen is suspects
+
+
+@pytest.mark.parametrize("entry", OUTPUTS["garbage"] + OUTPUTS["good"], ids=lambda e: e["id"])
+def test_recorded_outputs_same_findings(entry):
+    assert degeneration(entry["text"]) == exhaustive(entry["text"])
+
+
+# pieces random texts are made of: words (ASCII and not), punctuation runs, whitespace
+_WORDS = ["the", "a", "loop", "I", "think", "so", "été", "Привет", "数据", "x_1", "42", "naïve"]
+_PUNCT = [".", ",", "-----", "|", "!", "…", "—", "+", "++", "\ud800", "“", "”", "(", ")"]
+_SPACE = [" ", " ", " ", "\n", "\t", "\u00a0", "\u3000", "\n\n"]
+_LONG_SPACE = [" " * 40, "\n" * 10 + " " * 30, "\n" * 7 + " " * 30]
+
+
+def _random_text(rng: random.Random) -> str:
+    parts: list[str] = []
+    for _ in range(rng.randint(0, 120)):
+        shape = rng.random()
+        if shape < 0.006:
+            parts.append(rng.choice(_LONG_SPACE))
+        elif shape < 0.02:  # a loop: an n-gram repeated back to back
+            gram = [rng.choice(_WORDS + _PUNCT) for _ in range(rng.randint(1, 18))]
+            sep = rng.choice([" ", "", "\n"])
+            parts.append(sep.join(gram * rng.randint(2, 8)))
+        elif shape < 0.03:  # one character many times
+            parts.append(rng.choice("+aé=\ufffd") * rng.randint(1, 80))
+        else:
+            parts.append(rng.choice(_WORDS + _PUNCT))
+        parts.append(rng.choice(_SPACE) if rng.random() < 0.8 else "")
+    return "".join(parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_random_texts_same_findings(seed):
+    text = _random_text(random.Random(seed))
+    assert degeneration(text) == exhaustive(text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=st.sampled_from([*"ab .-\n", "é", "—", "\u3000"]), max_size=400))
+def test_small_alphabet_texts_same_findings(text):
+    # few distinct tokens: loops, repeated words and characters are everywhere
+    tight = Thresholds(min_loop_tokens=6, min_repeats=3, loop_tail_tokens=40, whitespace_chars=4)
+    assert degeneration(text) == exhaustive(text)
+    assert degeneration(text, thresholds=tight) == exhaustive(text, tight)
+
+
+def test_screen_rules_out_a_long_normal_answer_and_keeps_a_loop():
+    prose = " ".join(e["text"] for e in OUTPUTS["good"])
+    long_answer = (prose + "\n\n") * 30  # 25 KB; repeats only at a period far beyond max_n tokens
+    assert suspects(long_answer, detector.DEFAULT_THRESHOLDS) == frozenset()
+    looped = long_answer + " I think so." * 12
+    assert "ngram_loop" in suspects(looped, detector.DEFAULT_THRESHOLDS)
+    assert [f.kind for f in degeneration(looped)] == ["ngram_loop"]
