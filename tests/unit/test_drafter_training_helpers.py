@@ -377,6 +377,15 @@ def test_capture_writes_specforge_features_once(
         "written": 1,
         "fingerprint": capture.count(tmp_path / "tok", 2048, None)["fingerprint"],
     }
+    # A file cut short (issue 25: 100 bytes passed as "captured") is not the size the capture recorded
+    # beside the directory: it is captured again, and the record's sha256 matches the new file.
+    with open(out / "data_00000003.ckpt", "r+b") as handle:
+        handle.truncate(100)
+    assert capture.main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["written"], summary["skipped"]) == (1, 2)
+    assert capture.damaged(out, [0, 2, 3]) == []
+    assert capture.read_digests(out)[3]["sha256"] == capture.file_sha256(out / "data_00000003.ckpt")
     # Other data (one token changed) never reuses these features, even with matching file names.
     import pyarrow as pa
     import pyarrow.parquet as pq
