@@ -464,3 +464,30 @@ def test_batched_capture_gives_each_sample_its_own_features(
         # Right padding cannot reach earlier positions of a causal model: the same features.
         torch.testing.assert_close(together["hidden_states"], alone["hidden_states"], rtol=1e-5, atol=1e-5)
         assert together["hidden_states"].untyped_storage().nbytes() == together["hidden_states"].nbytes
+
+
+def test_a_full_disk_mid_capture_exits_5_without_a_traceback(tmp_path: Path, tiny_target: Path) -> None:
+    # Issue 25: ENOSPC during capture was a traceback. A real full disk: a 12 KiB tmpfs in a mount
+    # namespace of the capture's own (unshare), so nothing outside this test sees the mount.
+    import shutil
+
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-m", "true"], check=False).returncode:
+        pytest.skip("no mount namespace here (unshare -m); the CI machine has one")
+    _tokenized(tmp_path / "tok")
+    out = tmp_path / "full" / "hs"
+    out.parent.mkdir()
+    argv = [sys.executable, "-m", "regen.training.capture", "--data", str(tmp_path / "tok")]
+    argv += ["--model", str(tiny_target), "--layers", "1,3", "--output", str(out)]
+    argv += ["--device", "cpu", "--dtype", "float32"]
+    script = f'mount -t tmpfs -o size=12k tmpfs {out.parent} && exec "$@"'
+    run = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 5, run.stdout + run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    message = json.loads(run.stdout.splitlines()[-1])["msg"]
+    assert "cannot write the features" in message and "No space left on device" in message

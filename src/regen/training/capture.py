@@ -21,7 +21,8 @@ before the record) is captured again, and consumers check the sha256 before trai
 `DIR/capture_manifest.json` records the model, the layers, the dtype, the length limit and a digest of
 the samples themselves (all of them, with `--only` too), and a re-run against different ones is refused
 instead of mixing features. Samples SpecForge would reject (fewer than two consecutive supervised tokens
-after truncation) are counted and skipped. Prints one JSON summary line; exit 2 means bad input.
+after truncation) are counted and skipped. Prints one JSON summary line; exit 2 means bad input, 5 the
+features cannot be written (a full or read-only disk: the files written whole are kept, a re-run goes on).
 
 Batched: samples are grouped by length (longest first) into forwards of at most `--batch-tokens` padded
 tokens (0: one sample per forward). Rows are padded on the right, and a causal model's outputs at a position
@@ -53,6 +54,7 @@ from typing import Any
 from regen.fsio import AtomicFile, atomic_write_json
 
 MANIFEST = "capture_manifest.json"
+EXIT_OUTPUT = 5
 
 
 class CaptureError(Exception):
@@ -539,6 +541,16 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureError as exc:
         print(json.dumps({"failed": True, "msg": str(exc)}))
         return 2
+    except OSError as exc:
+        from regen.jobs._common import describe_os_error
+
+        described = describe_os_error(exc)
+        if described is None:
+            raise
+        # A full disk (or a read-only one) mid-capture: what was written whole stays, the torn file is
+        # never renamed into place, and the next run captures the rest.
+        print(json.dumps({"failed": True, "msg": f"cannot write the features: {described}"}))
+        return EXIT_OUTPUT
     print(json.dumps(result, sort_keys=True))
     return 0
 
