@@ -174,3 +174,24 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def port_held_by(host: str, port: int, owner: int) -> bool:
+    """True when a process listening on `host:port` is `owner` or runs below it (its server's workers).
+
+    A port that is busy is only "ours" when the server being converged is what listens on it: a server
+    running on another port does not make a stranger's listener on the new port harmless.
+    """
+    wanted = int(port)
+    try:
+        listeners = {
+            conn.pid
+            for conn in psutil.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.pid and conn.laddr and conn.laddr.port == wanted
+        }
+    except psutil.AccessDenied:
+        return False
+    if not owner or not listeners:
+        return False
+    family = {int(owner)} | {p.pid for p in descendants(int(owner))}
+    return bool(listeners & family)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from regen import records
-from regen.fsio import atomic_write_json, read_json_object
+from regen.fsio import atomic_write_json
 from regen.module_utils.regen_files import file_sha256
 
 SCHEMA = "regen.manifest/1"
@@ -47,6 +47,48 @@ _RESULT_KEYS = ("state", "done", "total", "failed", "tokens", "samples", "reject
 
 class ProvenanceError(Exception):
     """A manifest cannot be found or read; the message says which and what to do."""
+
+
+# Deeper than any record regen writes (a manifest is about 6 levels): a file nested deeper is refused by
+# name instead of overflowing Python's recursion in the parser, the flattening or the digest.
+MAX_DEPTH = 64
+
+
+def _depth_ok(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return True
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """A JSON object from `path`, None when it is missing or not a JSON object; ProvenanceError naming it
+    when it is nested too deeply to be one of regen's records."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        data = None
+        deep = True
+    except ValueError:
+        return None
+    else:
+        deep = not _depth_ok(data)
+    if deep:
+        raise ProvenanceError(
+            f"{path} is nested deeper than {MAX_DEPTH} levels: it is not a record regen wrote; restore or "
+            "remove it"
+        )
+    return data if isinstance(data, dict) else None
 
 
 def _digest(manifest: Mapping[str, Any]) -> str:
@@ -78,18 +120,18 @@ def build_manifest(artifacts: Path) -> dict[str, Any]:
         for path in paths
         if path not in liveness
     }
-    facts = read_json_object(artifacts / records.FACTS) or {}
+    facts = _read(artifacts / records.FACTS) or {}
     architecture = facts.get("architecture") or {}
     versions = {}
     for path in records.find(artifacts, records.ENVIRONMENT_MANIFESTS):
-        env = read_json_object(path) or {}
+        env = _read(path) or {}
         versions[f"{path.parent.name}/{path.stem}"] = {
             "python": (env.get("python") or {}).get("version") if isinstance(env.get("python"), dict)
             else env.get("python"),
             "packages": env.get("packages") or {},
         }  # fmt: skip
     launches = {
-        path.parent.name: (read_json_object(path) or {}).get("argv")
+        path.parent.name: (_read(path) or {}).get("argv")
         for path in records.find(artifacts, records.SERVING_LAUNCHES)
     }
     run_configs = {
@@ -102,19 +144,19 @@ def build_manifest(artifacts: Path) -> dict[str, Any]:
         ("train", records.TRAINING_STATUSES, ""),
     ):
         for path in records.find(artifacts, pattern):
-            status = read_json_object(path) or {}
+            status = _read(path) or {}
             host = _host_of(path, prefix)
             results.setdefault(stage, {})[host] = _results_of(status)
             if status.get("elapsed_s") is not None:
                 timings.setdefault(stage, {})[host] = status["elapsed_s"]
-    stats = read_json_object(artifacts / records.TOKENIZE_STATS)
+    stats = _read(artifacts / records.TOKENIZE_STATS)
     if stats is not None:
         results["tokenize"] = _results_of(stats) | {
             key: stats[key] for key in ("supervised_fraction", "shards") if key in stats
         }
         if stats.get("elapsed_s") is not None:
             timings["tokenize"] = stats["elapsed_s"]
-    report = read_json_object(artifacts / records.EVALUATION_REPORT)
+    report = _read(artifacts / records.EVALUATION_REPORT)
     if report is not None:
         from regen.evaluate.report import headline
 
@@ -163,7 +205,7 @@ def record(artifacts: Path, *, check: bool = False, now: float | None = None) ->
     manifest = build_manifest(artifacts)
     existing = run_dirs(artifacts)
     if existing:
-        latest = read_json_object(existing[-1] / MANIFEST) or {}
+        latest = _read(existing[-1] / MANIFEST) or {}
         if latest.get("digest") == manifest["digest"]:
             return {"changed": False, "run_id": existing[-1].name, "manifest": str(existing[-1] / MANIFEST)}
     stamp = time.gmtime(time.time() if now is None else now)
@@ -230,7 +272,7 @@ def render_comparison(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
 
 
 def load(path: Path) -> dict[str, Any]:
-    manifest = read_json_object(path)
+    manifest = _read(path)
     if manifest is None or manifest.get("schema") != SCHEMA:
         raise ProvenanceError(f"{path} is not a regen run manifest ({SCHEMA})")
     return manifest

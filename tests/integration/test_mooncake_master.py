@@ -216,6 +216,10 @@ def test_a_port_held_by_another_process_is_named_with_its_pid(tmp_path: Path, st
             "mooncake_master_bind_address is 0.0.0.0, which would expose the Mooncake master",
         ),
         ({"mooncake_master_bind_address": "::"}, "or set mooncake_master_allow_any_address: true"),
+        # Issue 25: the refusal compared strings; these spellings also bind every interface.
+        ({"mooncake_master_bind_address": "0"}, "which would expose the Mooncake master"),
+        ({"mooncake_master_bind_address": "[::]"}, "on every interface"),
+        ({"mooncake_master_bind_address": "0.0.0.0/0"}, "on every interface"),
         (
             {"mooncake_master_bind_address": "localhost"},
             'mooncake_master_bind_address is "localhost", which is not an IPv4 or IPv6 address',
@@ -232,6 +236,9 @@ def test_a_port_held_by_another_process_is_named_with_its_pid(tmp_path: Path, st
     ids=[
         "ipv4-wildcard",
         "ipv6-wildcard",
+        "zero-wildcard",
+        "bracketed-wildcard",
+        "network-wildcard",
         "hostname",
         "bad-octet",
         "port-range",

@@ -147,6 +147,17 @@ def test_serve_answers_then_idempotent_then_teardown(
     assert "regen-serve-main: unchanged" in output
     assert _pid(state) == pid and _alive(pid)  # the healthy server was not restarted
 
+    # A change that cannot be applied (a port a stranger holds) fails before the working server stops.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        moved = _inventory(tmp_path, demo_model_dir, busy)
+        output, (_, _, _, failed) = _play(moved, "serve.yml")
+    assert failed == 1 and f"port {busy} on 127.0.0.1 is already in use by another process" in output
+    assert _pid(state) == pid and _alive(pid), "the running server was left as it was"
+    inventory = _inventory(tmp_path, demo_model_dir, port)
+
     output, (_, changed, _, failed) = _play(inventory, "serve.yml", "--check")
     assert (changed, failed) == (0, 0), output[-5000:]
     assert _pid(state) == pid

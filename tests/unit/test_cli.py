@@ -165,7 +165,7 @@ def test_facts_render_as_a_tree() -> None:
 def test_parser_lists_every_command() -> None:
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert set(commands) == {"run", "facts", "status", "plan", "compare", "stages"}
+    assert set(commands) == {"run", "facts", "status", "plan", "compare", "stages", "preflight"}
     from regen.cli import COMMANDS
 
     assert set(COMMANDS) == set(commands)  # every parsed command has its handler

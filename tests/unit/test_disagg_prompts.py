@@ -66,3 +66,22 @@ def test_preflight_says_what_does_not_answer(tmp_path: Path) -> None:
     assert f"the Mooncake master at 127.0.0.1:{port} does not accept connections" in result["msg"]
     assert f"http://127.0.0.1:{port} does not answer" in result["msg"]
     assert "drafter_training_online_server_urls" in result["msg"]
+
+
+def test_a_damaged_prompt_file_is_made_again_not_reused(tmp_path: Path) -> None:
+    # Issue 25: a prompt file cut to 3 of 12 lines, or with a torn last line, was reused ("changed": false).
+    data = tmp_path / "tokenized"
+    _tokenized(data, [([i, i + 1, i + 2, i + 3], [0, 1, 1, 1]) for i in range(0, 120, 10)])
+    out = tmp_path / "run" / "prompts.jsonl"
+    assert disagg.write_prompts(str(data), str(out), max_length=8, max_samples=None)["samples"] == 12
+    whole = out.read_bytes()
+    for damage in (
+        b"".join(whole.splitlines(keepends=True)[:3]),  # cut to 3 of 12 lines
+        whole[:-7],  # a torn last line
+        whole.replace(b"[0, 1, 1, 1]", b"[0, 0, 1, 1]", 1),  # same size, another mask
+    ):
+        out.write_bytes(damage)
+        again = disagg.write_prompts(str(data), str(out), max_length=8, max_samples=None)
+        assert again["changed"] is True and "made again" in again["remade"]
+        assert out.read_bytes() == whole
+    assert disagg.write_prompts(str(data), str(out), max_length=8, max_samples=None)["changed"] is False

@@ -379,6 +379,15 @@ def test_capture_writes_specforge_features_once(
         "written": 1,
         "fingerprint": capture.count(tmp_path / "tok", 2048, None)["fingerprint"],
     }
+    # A file cut short (issue 25: 100 bytes passed as "captured") is not the size the capture recorded
+    # beside the directory: it is captured again, and the record's sha256 matches the new file.
+    with open(out / "data_00000003.ckpt", "r+b") as handle:
+        handle.truncate(100)
+    assert capture.main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["written"], summary["skipped"]) == (1, 2)
+    assert capture.damaged(out, [0, 2, 3]) == []
+    assert capture.read_digests(out)[3]["sha256"] == capture.file_sha256(out / "data_00000003.ckpt")
     # Other data (one token changed) never reuses these features, even with matching file names.
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -457,3 +466,30 @@ def test_batched_capture_gives_each_sample_its_own_features(
         # Right padding cannot reach earlier positions of a causal model: the same features.
         torch.testing.assert_close(together["hidden_states"], alone["hidden_states"], rtol=1e-5, atol=1e-5)
         assert together["hidden_states"].untyped_storage().nbytes() == together["hidden_states"].nbytes
+
+
+def test_a_full_disk_mid_capture_exits_5_without_a_traceback(tmp_path: Path, tiny_target: Path) -> None:
+    # Issue 25: ENOSPC during capture was a traceback. A real full disk: a 12 KiB tmpfs in a mount
+    # namespace of the capture's own (unshare), so nothing outside this test sees the mount.
+    import shutil
+
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-m", "true"], check=False).returncode:
+        pytest.skip("no mount namespace here (unshare -m); the CI machine has one")
+    _tokenized(tmp_path / "tok")
+    out = tmp_path / "full" / "hs"
+    out.parent.mkdir()
+    argv = [sys.executable, "-m", "regen.training.capture", "--data", str(tmp_path / "tok")]
+    argv += ["--model", str(tiny_target), "--layers", "1,3", "--output", str(out)]
+    argv += ["--device", "cpu", "--dtype", "float32"]
+    script = f'mount -t tmpfs -o size=12k tmpfs {out.parent} && exec "$@"'
+    run = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 5, run.stdout + run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    message = json.loads(run.stdout.splitlines()[-1])["msg"]
+    assert "cannot write the features" in message and "No space left on device" in message

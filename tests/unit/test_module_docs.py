@@ -194,6 +194,8 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
     if name == "evaluation_servers_info":
         serving = {"tp_size": 8, "ep_size": 8, "attn_dp_size": 8}
         return {"serving": serving, "checkpoint": "/d", "block_size": 16, "batch_concurrency": 16}
+    if name == "bind_address_info":
+        return {"address": "127.0.0.1", "service": "s", "variable": "v", "allow_variable": "a"}
     if name == "sweep_layouts_info":
         return {"facts": KIMI_FACTS, "layouts": [{"name": "tp4", "tp_size": 4}]}
     if name == "serving_endpoints_info":

@@ -451,3 +451,24 @@ def test_a_tokenizer_that_does_not_load_leaves_tokens_uncounted_with_the_reason(
     assert "holds no tokenizer files" in result["lengths"]["tokens_reason"]
     missing = build(["builtin:demo"], tmp_path / "out2", tokenizer=tmp_path / "nowhere")
     assert "is not a directory" in missing["lengths"]["tokens_reason"]
+
+
+def test_the_same_question_with_an_old_answer_is_a_duplicate(tmp_path):
+    # Issue 25: one copy of a user turn carried an old assistant turn and both were kept, so the target
+    # would be asked the same thing twice. The trailing answer is regenerated; the question is the key.
+    src = write_jsonl(
+        tmp_path / "src.jsonl",
+        [
+            {"id": "a", "conversations": turns(("user", "same question"))},
+            {"id": "b", "conversations": turns(("user", "same question"), ("assistant", "an old answer"))},
+            # A later user turn asks something else, with the first answer in its context: kept.
+            {
+                "id": "c",
+                "conversations": turns(("user", "same question"), ("assistant", "x"), ("user", "and then?")),
+            },
+        ],
+    )
+    out = tmp_path / "out"
+    build([str(src)], out)
+    manifest, rows = read_set(out)
+    assert [r["id"] for r in rows] == ["a", "c"] and manifest["duplicates"] == 1

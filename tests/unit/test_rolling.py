@@ -18,7 +18,7 @@ import pytest
 from ansible.module_utils.regen_drafter import FEATURE_FILE_OVERHEAD_BYTES
 
 from regen.training import rolling
-from regen.training.capture import sample_path
+from regen.training.capture import digests_path, record_digest, sample_path
 
 
 def test_a_feature_file_is_counted_whole_blocks_with_its_container() -> None:
@@ -173,8 +173,10 @@ def _checkpoint(ledger: Path, step: int) -> None:
 
 
 def _capture(features: Path, indices: list[int], size: int = 3000) -> None:
+    # As the capture job writes a sample: the file, then its line in the digest record.
     for index in indices:
         sample_path(features, index).write_bytes(b"x" * size)
+        record_digest(features, index, sample_path(features, index))
 
 
 def test_a_rolling_run_round_by_round(tmp_path: Path) -> None:
@@ -296,8 +298,8 @@ def test_a_round_launch_resumes_and_stops_at_its_last_step() -> None:
         launcher, trainer, run_id=RUN, item=item, rounds=2, resume_from="/c/r-step4"
     )
     cut = argv.index("--")
-    # The round is kept in the trainer's status; SpecForge must not open other rounds' placeholders.
-    assert argv[:6] == launcher and argv[cut - 2 : cut] == ["--env", "SPECFORGE_VALIDATE_OFFLINE_FEATURES=0"]
+    # The round is kept in the trainer's status; SpecForge's own feature checks are not turned off.
+    assert argv[:6] == launcher and not any("SPECFORGE_VALIDATE" in a for a in argv)
     meta = json.loads(argv[argv.index("--meta") + 1])
     assert meta == {
         "run_id": RUN,
@@ -350,3 +352,47 @@ def test_the_driver_in_dry_run_shows_a_round_it_cannot_plan_yet(tmp_path: Path) 
     assert shown["commands"]["capture"][-1] == str(ledger.parent / "round-000.json")
     assert "'training.max_steps=<last step of round 1>'" in shown["shell"]["launch"]
     assert not ledger.parent.exists() and not (tmp_path / "features").exists()
+
+
+def test_a_damaged_feature_file_is_found_by_content_and_made_again(tmp_path: Path) -> None:
+    # Issue 25: a feature file cut to 100 bytes passed `check` ("captured" meant size > 0) and was never
+    # captured again. Now the capture's digest record decides, by sha256, before training reads it.
+    ledger = _ledger(tmp_path, 24576)
+    features = tmp_path / "features"
+    assert _cli(ledger, "prepare", "--round", "0")[0] == 0
+    _capture(features, [0, 5])
+    assert _cli(ledger, "check", "--round", "0")[0] == 0
+    with open(sample_path(features, 5), "r+b") as handle:
+        handle.truncate(100)
+    code, refused = _cli(ledger, "check", "--round", "0")
+    assert code == 2 and "not what the capture wrote" in refused["msg"]
+    assert "data_00000005.ckpt" in refused["msg"]
+    assert sample_path(features, 5).stat().st_size == 0  # emptied: the next capture makes it again
+    code, prepared = _cli(ledger, "prepare", "--round", "0")
+    assert code == 0 and prepared["to_capture"] == 1
+    # The same size, other bytes (a flipped bit): only the content digest sees it; prepare empties it.
+    _capture(features, [5])
+    data = bytearray(sample_path(features, 5).read_bytes())
+    data[10] ^= 1
+    sample_path(features, 5).write_bytes(bytes(data))
+    code, prepared = _cli(ledger, "prepare", "--round", "0")
+    assert code == 0 and prepared["damaged_files"] == ["data_00000005.ckpt"] and prepared["to_capture"] == 1
+    # A file the record does not know (written by hand, or before the record existed) is not trusted.
+    sample_path(features, 5).write_bytes(b"y" * 3000)
+    code, refused = _cli(ledger, "check", "--round", "0")
+    assert code == 2 and "data_00000005.ckpt" in refused["msg"]
+    assert digests_path(features).exists() and digests_path(features).parent == features.parent
+
+
+def test_a_missing_round_file_is_refused_with_the_fix(tmp_path: Path) -> None:
+    # Issue 25: a missing round-NNN.json of a later round let `prepare` lay fewer names than samples and
+    # exit 0 (SpecForge would then see another data set), and a traceback when it was the current round.
+    ledger = _ledger(tmp_path, 24576)
+    (ledger.parent / "round-002.json").unlink()
+    code, refused = _cli(ledger, "prepare", "--round", "0")
+    assert code == 2 and "round-002.json, the sample list of round 3, is missing" in refused["msg"]
+    assert not (tmp_path / "features").exists() or not any((tmp_path / "features").iterdir())
+    (ledger.parent / "round-000.json").unlink()
+    for command in (["prepare", "--round", "0"], ["check", "--round", "0"]):
+        code, refused = _cli(ledger, *command)
+        assert code == 2 and "round-000.json, the sample list of round 1, is missing" in refused["msg"]

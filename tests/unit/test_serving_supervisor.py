@@ -328,3 +328,88 @@ def test_wait_reports_the_known_failure_of_a_server_that_died(state_dir, site):
     assert "TllmGenFmhaRunner" in result["cause_summary"] and "sm_120" in result["cause_summary"]
     assert "sglang_server_attention_backend" in result["hint"] and "source: https://" in result["hint"]
     assert result["cause_line"] == line
+
+
+# Fault-injection stub: a process outside the server's group that keeps a copy of its listening socket
+# for a while after the server stopped (what a worker in a session of its own, or a kernel under load
+# that has not yet closed the socket, looks like to the next start on the same port).
+_LINGERING_SERVER = """
+import os, socket, subprocess, sys, time, http.server, functools
+port, linger = int(sys.argv[1]), float(sys.argv[2])
+sock = socket.socket(); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", port)); sock.listen()
+os.set_inheritable(sock.fileno(), True)
+subprocess.Popen([sys.executable, "-c", "import time,sys; time.sleep(float(sys.argv[1]))", str(linger)],
+                 pass_fds=[sock.fileno()], start_new_session=True)
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[3])
+server = http.server.HTTPServer(("127.0.0.1", port), handler, bind_and_activate=False)
+server.socket.close(); server.socket = sock
+server.serve_forever()
+"""
+
+
+def test_a_restart_waits_for_the_port_the_old_server_releases(state_dir, site):
+    # Under load the old server's socket outlives its process for a moment; a restart on the same port
+    # waits for it (bounded by stop_timeout) instead of failing with "already in use".
+    port = _free_port()
+    lingering = _spec(state_dir, site, port, argv=[PY, "-c", _LINGERING_SERVER, str(port), "2", str(site)])
+    first = supervisor.start(lingering)
+    assert _wait(state_dir, port)["ready"]
+    restarted = supervisor.start(_spec(state_dir, site, port))
+    assert restarted["action"] == "restarted" and not procs.alive(first["pid"])
+    assert _wait(state_dir, port)["ready"]
+
+
+def test_a_port_held_past_the_bound_fails_with_the_fix(state_dir, site):
+    port = _free_port()
+    lingering = _spec(
+        state_dir, site, port, stop_timeout=1, argv=[PY, "-c", _LINGERING_SERVER, str(port), "6", str(site)]
+    )
+    supervisor.start(lingering)
+    assert _wait(state_dir, port)["ready"]
+    t0 = time.monotonic()
+    with pytest.raises(supervisor.SupervisorError, match=f"port {port} on 127.0.0.1 is still in use"):
+        supervisor.start(_spec(state_dir, site, port, stop_timeout=1))
+    assert time.monotonic() - t0 < 20, "the wait for the port is bounded"
+
+
+def test_a_change_that_cannot_be_applied_never_stops_the_working_server(state_dir, site):
+    port = _free_port()
+    first = supervisor.start(_spec(state_dir, site, port))
+    assert _wait(state_dir, port)["ready"]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        moved = _spec(state_dir, site, busy)
+        with pytest.raises(supervisor.SupervisorError, match=f"port {busy} on 127.0.0.1 is already in use"):
+            supervisor.start(moved)
+        assert procs.alive(first["pid"]), "the old server still serves"
+        assert supervisor.start(moved, check=True)["action"] == "restarted"  # check mode only reports
+    missing = _spec(state_dir, site, port, argv=["/nonexistent/python", "-m", "http.server"])
+    with pytest.raises(supervisor.SupervisorError, match="cannot run /nonexistent/python"):
+        supervisor.start(missing)
+    absent_cwd = _spec(state_dir, site, port, cwd=str(state_dir / "no-such-dir"))
+    with pytest.raises(supervisor.SupervisorError, match="working directory"):
+        supervisor.start(absent_cwd)
+    assert procs.alive(first["pid"]) and supervisor.status(str(state_dir), "t")["pid"] == first["pid"]
+    assert _wait(state_dir, port)["ready"]
+
+
+def test_the_port_probe_tells_the_servers_own_port_from_a_strangers(state_dir, site, capsys):
+    # The serve role accepts a busy port only when the server it converges is what listens there.
+    port = _free_port()
+    first = supervisor.start(_spec(state_dir, site, port))
+    assert _wait(state_dir, port)["ready"]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        stranger = holder.getsockname()[1]
+        answers = {}
+        for probe_port in (port, stranger):
+            assert supervisor.main(
+                ["port", "--host", "127.0.0.1", "--port", str(probe_port), "--owner-pid", str(first["pid"])]
+            ) == 0
+            answers[probe_port] = json.loads(capsys.readouterr().out)
+    assert answers[port]["free"] is False and answers[port]["held_by_owner"] is True
+    assert answers[stranger]["free"] is False and answers[stranger]["held_by_owner"] is False

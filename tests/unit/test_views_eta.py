@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 
 from regen.cli.views import LiveView, PlainView
-from regen.status import Status
 from regen.runner import JobProgress
+from regen.status import Status
 
 
 def _event(state: str, eta_s: float | None) -> JobProgress:

@@ -144,6 +144,12 @@ def parse_generate_response(doc: Any, *, want_top: bool = False) -> dict[str, An
     tokens = meta.get("completion_tokens")
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
         raise ResponseError(f"meta_info.completion_tokens is {tokens!r}, expected a count")
+    if tokens != len(output_ids):
+        # Tokens/s and the acceptance identities use the count, the lossless check the ids: a server whose
+        # two disagree has not said what it generated.
+        raise ResponseError(
+            f"meta_info.completion_tokens is {tokens} but the answer has {len(output_ids)} output ids"
+        )
     spec = {k: meta[k] for k in SPEC_KEYS if k in meta} if meta.get("spec_verify_ct") else None
     if spec is not None:
         try:
@@ -383,6 +389,7 @@ def merge(
     )
     if not prompts:
         raise AcceptanceError("no request of the speculative server (dflash) to report")
+    _require_evidence(records, levels)
     rows: list[dict[str, Any]] = []
     checks: dict[str, dict[str, Any]] = {}
     differences: list[dict[str, Any]] = []
@@ -434,8 +441,38 @@ def merge(
             "tie_tolerance": tie_tolerance,
             "settings": checks,
             "differences": differences,
+            "speculative_answers": {
+                f"c{level}": sum(
+                    1
+                    for r in records
+                    if r["server"] == "dflash" and r["setting"] == f"c{level}" and r.get("spec")
+                )
+                for level in levels
+            },
         },
     }
+
+
+def _require_evidence(records: Sequence[Mapping[str, Any]], levels: Sequence[int]) -> None:
+    """Refuse a verdict the records cannot support: both servers' answers must be comparable token for
+    token, and the speculative server must have shown (SGLang's metadata) that it decoded speculatively."""
+    timed = [r for r in records if r["setting"] in {f"c{level}" for level in levels}]
+    kinds = {r["server"]: set() for r in timed}
+    for r in timed:
+        kinds[r["server"]].add("ids" if r.get("output_ids") is not None else "text")
+    if kinds.get("plain", set()) | kinds.get("dflash", set()) != {"ids"}:
+        raise AcceptanceError(
+            "the two servers' answers are not comparable: the lossless check compares output token ids, and "
+            f"the plain server's answers hold {sorted(kinds.get('plain', set()))}, the dflash server's "
+            f"{sorted(kinds.get('dflash', set()))}; run both through SGLang's native /generate (--api native)"
+        )
+    if not any(r.get("spec") for r in timed if r["server"] == "dflash"):
+        raise AcceptanceError(
+            "no answer of the dflash server carries speculative metadata (spec_verify_ct): nothing "
+            "speculative was checked, so there is no lossless verdict, acceptance or speedup to report; is "
+            "the server launched with --speculative-algorithm DFLASH, and do its answers run longer than "
+            "one token?"
+        )
 
 
 def _batch(

@@ -58,6 +58,7 @@ from regen.status import RUNNING_STATES, Status
 from .. import __version__
 from ..evaluate import serving as S
 from ..fsio import atomic_write_bytes, atomic_write_json
+from ..module_utils.regen_net import redact_url
 from ._common import (
     EXIT_FAILED_RECORDS,
     EXIT_OK,
@@ -326,9 +327,9 @@ async def _post(session: Any, url: str, body: dict[str, Any], headers: dict[str,
         text = await resp.text()
         if resp.status == 404 and url.endswith("/generate"):
             raise JobError(
-                f"{url} answers 404: this server has no SGLang native /generate. Acceptance and token "
-                "ids come only from SGLang; for the plain baseline of an OpenAI-compatible server use "
-                "--api openai"
+                f"{redact_url(url)} answers 404: this server has no SGLang native /generate. Acceptance "
+                "and token ids come only from SGLang; for the plain baseline of an OpenAI-compatible server "
+                "use --api openai"
             )
         if resp.status != 200:
             raise S.ResponseError(f"HTTP {resp.status}: {text[:300]}")
@@ -345,6 +346,8 @@ class Client:
         self.a = a
         self.renderer = renderer
         self.url = S.endpoint_url(a.endpoint, a.api)
+        # What messages, logs and the 0644 status file show: a password in the URL never leaves memory.
+        self.shown_url = redact_url(self.url)
         key = serving_api_key(a.api_key_env_file)
         self.headers = {
             "Content-Type": "application/json",
@@ -371,8 +374,8 @@ class Client:
             )
         except aiohttp.ClientConnectorError as exc:
             raise EndpointDown(
-                f"nothing answers at {self.url} ({exc}): is the {self.a.server} server up? (the evaluate "
-                "role starts it through the serving role)"
+                f"nothing answers at {self.shown_url} ({exc}): is the {self.a.server} server up? (the "
+                "evaluate role starts it through the serving role)"
             ) from None
         seconds = time.perf_counter() - started
         if self.a.api == "openai":
@@ -388,13 +391,13 @@ class Client:
             return
         if self.a.server == "plain" and record["spec"]:
             raise JobError(
-                f"the server at {self.url} decodes speculatively (its /generate answers carry "
+                f"the server at {self.shown_url} decodes speculatively (its /generate answers carry "
                 "spec_verify_ct): the plain baseline needs the target served without --speculative-algorithm"
             )
         if self.a.server == "dflash" and not record["spec"] and record["completion_tokens"] > 1:
             raise JobError(
-                f"the server at {self.url} does not decode speculatively (no spec_verify_ct in /generate's "
-                "meta_info): is it the one launched with --speculative-algorithm DFLASH?"
+                f"the server at {self.shown_url} does not decode speculatively (no spec_verify_ct in "
+                "/generate's meta_info): is it the one launched with --speculative-algorithm DFLASH?"
             )
 
 
@@ -440,7 +443,9 @@ def _run(a: argparse.Namespace, inputs: Inputs, out: Path) -> int:
             failed=len(failures),
             exit_code=(EXIT_OK if state == "done" else EXIT_FAILED_RECORDS) if ended else None,
             error=error,
-        ).document(elapsed_s=round(time.monotonic() - began, 1), server=a.server, endpoint=a.endpoint)
+        ).document(
+            elapsed_s=round(time.monotonic() - began, 1), server=a.server, endpoint=redact_url(a.endpoint)
+        )
 
     status.maybe_write(lambda: progress("starting"), force=True)
     status.arm()
@@ -550,7 +555,7 @@ def _run(a: argparse.Namespace, inputs: Inputs, out: Path) -> int:
                 try:
                     await client.ask(session, *prompt(first[2], first[3]))
                 except (S.ResponseError, TimeoutError) as exc:
-                    raise EndpointDown(f"the warm-up request to {client.url} failed: {exc}") from None
+                    raise EndpointDown(f"the warm-up request to {client.shown_url} failed: {exc}") from None
             for c in inputs.levels:
                 keys = [k for k in todo if k[1] == f"c{c}"]
                 if keys:

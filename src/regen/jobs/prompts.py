@@ -31,9 +31,9 @@ are regenerated) in characters and UTF-8 bytes, and in tokens with the model's c
 to generate (a later turn reads the earlier answers). The held-out evaluation split is not counted.
 One build per directory at a time (`.lock`; a second is refused with the first one's pid).
 
-Exit codes: 0 built or up to date; 2 bad arguments or sources (a damaged .gz, no usable prompt, a second
-build on the same directory); 4 crashed (a bug: traceback on stderr); 5 the output cannot be written (the
-previous set is kept); 130/143 interrupted by SIGINT/SIGTERM (nothing committed).
+Exit codes: 0 built or up to date; 2 bad arguments or sources (a damaged .gz or Parquet file, no usable
+prompt, a second build on the same directory); 4 crashed (a bug: traceback on stderr); 5 the output
+cannot be written (the previous set is kept); 130/143 interrupted by SIGINT/SIGTERM (nothing committed).
 """
 
 from __future__ import annotations
@@ -258,6 +258,16 @@ def prompt_key(turns: list[dict[str, str]]) -> bytes:
     return hashlib.blake2b(canonical_json(side), digest_size=16).digest()
 
 
+def asked_turns(turns: list[dict[str, str]]) -> list[dict[str, str]]:
+    """What the target is asked: the conversation without its trailing assistant turns (the generate job
+    answers the last user turn anew), so `[user q]` and `[user q, assistant <old answer>]` are the same
+    question and the set keeps one of them."""
+    end = len(turns)
+    while end and turns[end - 1]["role"] == "assistant":
+        end -= 1
+    return turns[:end]
+
+
 def row_id(row: Any, turns: list[dict[str, str]], mapping: dict[str, str], prefix: str) -> str:
     """The source's id (with prefix), else a content hash of the prompt side."""
     key = _pick(row, mapping, "id", ID_KEYS) if isinstance(row, dict) else None
@@ -427,8 +437,19 @@ def _iter_parquet(path: Path) -> Iterator[tuple[str, Any, str | None]]:
     except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
         raise JobError(f"cannot read Parquet file {path}: {exc}") from None
     n = 0
-    for batch in pf.iter_batches(batch_size=1024):
-        for row in batch.to_pylist():
+    batches = pf.iter_batches(batch_size=1024)
+    while True:
+        try:
+            batch = next(batches)
+            rows = batch.to_pylist()
+        except StopIteration:
+            return
+        except Exception as exc:  # a damaged data page: pyarrow raises OSError or ArrowException subtypes
+            raise JobError(
+                f"Parquet file {path} is damaged after row {n} ({type(exc).__name__}: {exc}); replace it "
+                "or convert what is readable to JSONL (the previous prompt set is kept)"
+            ) from None
+        for row in rows:
             n += 1
             yield f"{path.name}:row {n}", row, None
 
@@ -909,7 +930,7 @@ def _build(
                 if bad_unicode is not None:
                     reject(src, where, bad_unicode, row)
                     continue
-                pkey = prompt_key(turns)
+                pkey = prompt_key(asked_turns(turns))
                 order += 1
                 category = row_category(row)
                 if category and pkey not in seen_prompts and pkey not in local_seen:

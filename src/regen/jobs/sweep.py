@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -325,15 +326,64 @@ def cmd_failed(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------ report
 
 
+LAYOUT_STATUSES = ("measured", "failed", "infeasible")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def layout_record_problem(doc: Any) -> str | None:
+    """What makes `doc` not a layout record `measure` or `failed` writes (None when it is one): the fields
+    the report reads, with their types, so a damaged record is refused by name, never half-reported."""
+    if not isinstance(doc, dict):
+        return f"a JSON {type(doc).__name__}, not an object"
+    if not isinstance(doc.get("name"), str) or not doc["name"]:
+        return "no layout 'name'"
+    if doc.get("status") not in LAYOUT_STATUSES:
+        return f"'status' is {doc.get('status')!r}, not one of {', '.join(LAYOUT_STATUSES)}"
+    if not isinstance(doc.get("levels"), list):
+        return "'levels' is not a list"
+    if doc.get("estimate") is not None and not isinstance(doc["estimate"], dict):
+        return "'estimate' is neither an object nor null"
+    for i, level in enumerate(doc["levels"]):
+        if not isinstance(level, dict):
+            return f"level {i} is not an object"
+        concurrency = level.get("concurrency")
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+            return f"level {i}: 'concurrency' is {concurrency!r}, not a positive integer"
+        if not _number(level.get("output_tokens_per_s")) or level["output_tokens_per_s"] < 0:
+            rate = level.get("output_tokens_per_s")
+            return f"level {i}: 'output_tokens_per_s' is {rate!r}, not a number >= 0"
+        for key in ("completed", "failed"):
+            if key in level and not (isinstance(level[key], int) and not isinstance(level[key], bool)):
+                return f"level {i}: {key!r} is {level[key]!r}, not a count"
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            dist = level.get(key)
+            if dist is not None and not (
+                isinstance(dist, dict) and all(v is None or _number(v) for v in dist.values())
+            ):
+                return f"level {i}: {key!r} is not an object of numbers"
+    return None
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     layouts = []
     for path in a.results:
         try:
-            layouts.append(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError) as exc:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, RecursionError, ValueError) as exc:
             raise JobError(
-                f"--results {path}: not a layout record ({exc}); run `measure` or `failed` first"
+                f"--results {path}: not a layout record ({type(exc).__name__}: {exc}); run `measure` or "
+                "`failed` first"
             ) from None
+        problem = layout_record_problem(doc)
+        if problem:
+            raise JobError(
+                f"--results {path}: not a layout record ({problem}); measure that layout again (remove the "
+                "file and run the sweep)"
+            )
+        layouts.append(doc)
     inputs = _json_arg(a.inputs_json, "--inputs-json", {})
     doc = report_mod.build_report(
         layouts,

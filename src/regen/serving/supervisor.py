@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -114,18 +115,29 @@ def start(spec: dict, secret_env_file: str | None = None, check: bool = False) -
     action = "restarted" if pid else "started"
     if check:
         return {**result, "changed": True, "action": action, "pid": pid}
-    if pid:
-        procs.stop_group(pid, float(spec.get("stop_timeout", 60)))
-    host, port = spec.get("host"), spec.get("port")
-    if host and port and not procs.port_free(str(host), int(port)):
-        raise SupervisorError(
-            f"port {port} on {host} is already in use by another process; stop it (see `ss -ltnp "
-            f"'sport = :{port}'`) or set sglang_server_port to a free port"
-        )
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
     env.update(secret_env)
     argv = [_ENV_REF.sub(lambda m: env.get(m.group(1), ""), a) for a in spec["argv"]]
+    host, port = spec.get("host"), spec.get("port")
+    stop_timeout = float(spec.get("stop_timeout", 60))
+    # Everything that can be known before the old server stops is checked first: a change that cannot
+    # be applied must leave the working server running, not stop it and then fail.
+    _check_launchable(argv, spec, env)
+    same_port = bool(pid and state and (state.get("host"), state.get("port")) == (host, port))
+    if host and port and not same_port and not procs.port_free(str(host), int(port)):
+        raise SupervisorError(
+            f"port {port} on {host} is already in use by another process; stop it (see `ss -ltnp "
+            f"'sport = :{port}'`) or set sglang_server_port to a free port"
+            + ("; the running server was left as it was" if pid else "")
+        )
+    if pid:
+        procs.stop_group(pid, stop_timeout)
+        if host and port and not _wait_port_free(str(host), int(port), stop_timeout):
+            raise SupervisorError(
+                f"port {port} on {host} is still in use {stop_timeout:g} s after the old server stopped "
+                f"(sglang_server_stop_timeout_s); see `ss -ltnp 'sport = :{port}'` for what holds it"
+            )
     os.makedirs(spec["state_dir"], exist_ok=True)
     if os.path.exists(paths["log"]):
         os.replace(paths["log"], paths["log"] + ".1")
@@ -155,6 +167,34 @@ def start(spec: dict, secret_env_file: str | None = None, check: bool = False) -
     atomic_write_json(paths["state"], state, mode=0o600)
     atomic_write_text(paths["pid"], f"{proc.pid}\n")
     return {**result, "changed": True, "action": action, "pid": proc.pid}
+
+
+def _check_launchable(argv: list[str], spec: dict, env: dict[str, str]) -> None:
+    """Fail now, while the old server still runs, when the new command cannot be started at all."""
+    program = argv[0] if argv else ""
+    found = shutil.which(program, path=env.get("PATH")) if os.sep not in program else (
+        program if os.path.isfile(program) and os.access(program, os.X_OK) else None
+    )
+    if not found:
+        raise SupervisorError(
+            f"cannot run {program}: no such executable; check sglang_server_python"
+            " (a running server was left as it was)"
+        )
+    cwd = spec.get("cwd")
+    if cwd and not os.path.isdir(cwd):
+        raise SupervisorError(f"working directory {cwd} of {spec['name']} does not exist")
+
+
+def _wait_port_free(host: str, port: int, bound: float) -> bool:
+    """Wait up to `bound` seconds for `host:port` to become bindable: a stopped server's socket can
+    outlive its process for a moment (a child closing late, a loaded kernel), and a restart must not
+    mistake that for a port taken by someone else."""
+    deadline = time.monotonic() + bound
+    while not procs.port_free(host, port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def stop(state_dir: str, name: str, remove: bool = False, timeout: float = 60, check: bool = False) -> dict:
@@ -445,6 +485,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("port", help="can a server bind HOST:PORT now? (the one port probe, regen.procs)")
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
+    p.add_argument(
+        "--owner-pid", type=int, help="also say whether this pid (or one below it) listens there"
+    )
 
     p = sub.add_parser("info", help="what the server says it serves (secrets and live counters removed)")
     p.add_argument("--url", required=True, help="base URL of the server")
@@ -490,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
             out = status(args.state_dir, args.name)
         elif args.command == "port":
             out = {"host": args.host, "port": args.port, "free": procs.port_free(args.host, args.port)}
+            if args.owner_pid is not None:
+                out["held_by_owner"] = procs.port_held_by(args.host, args.port, args.owner_pid)
             out["changed"] = False
         elif args.command == "info":
             out = info(args)

@@ -14,11 +14,15 @@ that order, which is what `extract_context_feature` feeds the drafter (`hidden_s
 Exactly once and resumable: a sample's file is written to a temporary name and renamed, so it exists
 completely or not at all; a re-run skips the samples whose file exists. An empty file is a placeholder
 (regen.training.rolling lays one for every sample of other rounds, so SpecForge lists the whole data set):
-it counts as not captured. `--only FILE` captures only the samples a rolling round's file lists.
+it counts as not captured. Each file written gets a line (its sha256 and size) in
+`DIR.digests.jsonl` beside the directory; a file whose size is not the recorded one (cut short, or from
+before the record) is captured again, and consumers check the sha256 before training reads it.
+`--only FILE` captures only the samples a rolling round's file lists.
 `DIR/capture_manifest.json` records the model, the layers, the dtype, the length limit and a digest of
 the samples themselves (all of them, with `--only` too), and a re-run against different ones is refused
 instead of mixing features. Samples SpecForge would reject (fewer than two consecutive supervised tokens
-after truncation) are counted and skipped. Prints one JSON summary line; exit 2 means bad input.
+after truncation) are counted and skipped. Prints one JSON summary line; exit 2 means bad input, 5 the
+features cannot be written (a full or read-only disk: the files written whole are kept, a re-run goes on).
 
 Batched: samples are grouped by length (longest first) into forwards of at most `--batch-tokens` padded
 tokens (0: one sample per forward). Rows are padded on the right, and a causal model's outputs at a position
@@ -50,6 +54,7 @@ from typing import Any
 from regen.fsio import AtomicFile, atomic_write_json
 
 MANIFEST = "capture_manifest.json"
+EXIT_OUTPUT = 5
 
 
 class CaptureError(Exception):
@@ -301,13 +306,86 @@ def sample_path(output: Path, index: int) -> Path:
     return output / f"data_{index:08d}.ckpt"
 
 
-def is_captured(path: Path) -> bool:
+def is_captured(
+    path: Path, digests: dict[int, dict[str, Any]] | None = None, index: int | None = None
+) -> bool:
     """A feature file with content. Files are written whole or not at all, so only an empty one (a
-    rolling run's placeholder for a sample of another round) lacks features."""
+    rolling run's placeholder for a sample of another round) lacks features. With `digests` (the capture's
+    record, `read_digests`), the file must also have the size recorded when it was written: a file cut
+    short or grown since is not captured (its content digest is checked by `damaged`)."""
     try:
-        return path.stat().st_size > 0
+        size = path.stat().st_size
     except FileNotFoundError:
         return False
+    if size <= 0:
+        return False
+    if digests is None:
+        return True
+    record = digests.get(int(index) if index is not None else -1)
+    return bool(record) and int(record.get("bytes", -1)) == size
+
+
+# The record of what the capture wrote: one JSON line per feature file (index, sha256, bytes), appended
+# after the file is renamed into place, beside the feature directory (SpecForge lists every *.ckpt in it,
+# and the rolling budget counts what is inside it). A file without a line (a kill between the rename and
+# the append, or a file from before this record) is captured again.
+DIGESTS_SUFFIX = ".digests.jsonl"
+
+
+def digests_path(output: Path) -> Path:
+    output = Path(output)
+    return output.parent / (output.name + DIGESTS_SUFFIX)
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def read_digests(output: Path) -> dict[int, dict[str, Any]]:
+    """index -> {"sha256", "bytes"} of the last write of each sample (a torn last line is ignored)."""
+    found: dict[int, dict[str, Any]] = {}
+    try:
+        text = digests_path(output).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return found
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+            found[int(row["index"])] = {"sha256": str(row["sha256"]), "bytes": int(row["bytes"])}
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def record_digest(output: Path, index: int, path: Path) -> dict[str, Any]:
+    row = {"index": int(index), "sha256": file_sha256(path), "bytes": path.stat().st_size}
+    fd = os.open(digests_path(output), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return row
+
+
+def damaged(output: Path, indices: list[int], digests: dict[int, dict[str, Any]] | None = None) -> list[int]:
+    """The samples among `indices` whose feature file has content that is not what the capture wrote
+    (no record, another size, another sha256). Empty files and missing ones are not damaged: uncaptured."""
+    digests = read_digests(output) if digests is None else digests
+    bad = []
+    for index in indices:
+        path = sample_path(Path(output), index)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        if size == 0:
+            continue
+        record = digests.get(int(index))
+        if not record or int(record["bytes"]) != size or record["sha256"] != file_sha256(path):
+            bad.append(int(index))
+    return bad
 
 
 def read_only(path: str) -> set[int]:
@@ -355,6 +433,7 @@ def capture(args: argparse.Namespace) -> dict[str, Any]:
         "format": "specforge DFlash offline v1 (input_ids, loss_mask, hidden_states)",
     }
     only = read_only(args.only) if args.only else None
+    digests = read_digests(output)
     todo = []
     summary = {"samples": 0, "written": 0, "skipped": 0, "dropped": 0, "tokens": 0, "bytes": 0}
     fingerprint = Fingerprint()
@@ -369,7 +448,7 @@ def capture(args: argparse.Namespace) -> dict[str, Any]:
             continue
         summary["samples"] += 1
         summary["tokens"] += len(ids)
-        if is_captured(sample_path(output, index)):
+        if is_captured(sample_path(output, index), digests, index):
             summary["skipped"] += 1
         else:
             todo.append((index, ids, mask))
@@ -412,6 +491,7 @@ def capture(args: argparse.Namespace) -> dict[str, Any]:
                     "hidden_states": hidden.clone(),  # its own storage, not a view of the whole batch
                 }
                 summary["bytes"] += save_atomic(sample_path(output, index), payload)
+                record_digest(output, index, sample_path(output, index))
                 summary["written"] += 1
             if args.progress and (number % args.progress == 0 or number == len(todo)):
                 rate = number / max(1e-9, time.monotonic() - started)
@@ -461,6 +541,16 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureError as exc:
         print(json.dumps({"failed": True, "msg": str(exc)}))
         return 2
+    except OSError as exc:
+        from regen.jobs._common import describe_os_error
+
+        described = describe_os_error(exc)
+        if described is None:
+            raise
+        # A full disk (or a read-only one) mid-capture: what was written whole stays, the torn file is
+        # never renamed into place, and the next run captures the rest.
+        print(json.dumps({"failed": True, "msg": f"cannot write the features: {described}"}))
+        return EXIT_OUTPUT
     print(json.dumps(result, sort_keys=True))
     return 0
 

@@ -21,7 +21,8 @@ a GPU. This server speaks the same protocol, the one that patch defines and
   `MooncakeFeatureStore` reads with `get_into`), and answers one row per prompt whose
   `meta_info.spec_capture` is `{sample_id, store_id, gen, aux_layer_ids, features: {name: {shape,
   dtype}}}`, or `{sample_id, error}` for a prompt whose write failed (SpecForge retries it).
-* `GET /health`: 200 once the model is loaded and the Mooncake client is connected.
+* `GET /health`: 200 once the model is loaded and the Mooncake client is connected, and while the
+  master and its metadata server answer (probed at most every 2 s); 503 with the reason otherwise.
 
 Mooncake is reached through the variables the patched SGLang reads (`MOONCAKE_MASTER_SERVER_ADDR`,
 `MOONCAKE_METADATA_SERVER`, `MOONCAKE_LOCAL_HOSTNAME`, `MOONCAKE_PROTOCOL`, `MOONCAKE_RDMA_DEVICES`,
@@ -33,8 +34,10 @@ an error at once (exit 3) instead of a failed prompt later.
 
 Where it is the right backend: on CPU (SGLang's CPU backend needs Intel AMX and a source build of
 sgl-kernel), and for a target that fits one GPU and that SGLang or the patch does not cover; it runs one
-forward at a time, so a large target belongs on SGLang. Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad
-arguments, 3 Mooncake unreachable, 4 the model does not load.
+forward at a time, so a large target belongs on SGLang. It has no authentication: `--host` is loopback
+or one address of this host (a wildcard, in any spelling, only with `--allow-any-address`;
+regen.bind_address). Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad arguments (a refused address
+included), 3 Mooncake unreachable, 4 the model does not load.
 """
 
 from __future__ import annotations
@@ -208,6 +211,25 @@ def probe_mooncake(settings: dict[str, Any], wait_s: float) -> str | None:
         time.sleep(0.5)
 
 
+class MooncakeHealth:
+    """`probe_mooncake` for /health: asked at most once per `interval` seconds (a poll loop must not turn
+    into a probe storm on the master), answering the last result in between."""
+
+    def __init__(self, settings: dict[str, Any], interval: float = 2.0) -> None:
+        self.settings = settings
+        self.interval = interval
+        self.lock = threading.Lock()
+        self.checked = float("-inf")
+        self.problem: str | None = None
+
+    def __call__(self) -> str | None:
+        with self.lock:
+            if time.monotonic() - self.checked >= self.interval:
+                self.problem = probe_mooncake(self.settings, 0)
+                self.checked = time.monotonic()
+            return self.problem
+
+
 class MooncakeSink:
     """Puts tensors into Mooncake as hard-pinned raw buffers (the patch's SpecCaptureSink contract)."""
 
@@ -351,10 +373,19 @@ def make_handler(holder: dict[str, Any], log):
         def do_GET(self) -> None:
             service = holder.get("service")
             if self.path.split("?")[0] in ("/health", "/health_generate"):
-                if service is not None:
-                    self._send(HTTPStatus.OK, {"status": "ok", "captured": service.captured})
-                else:
+                if service is None:
                     self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"status": "loading"})
+                    return
+                # Healthy means able to capture: the features go into Mooncake, so a master that died
+                # after the start makes this server unhealthy, and preflight sees it.
+                problem = holder["mooncake_health"]() if holder.get("mooncake_health") else None
+                if problem:
+                    self._send(
+                        HTTPStatus.SERVICE_UNAVAILABLE,
+                        {"status": "mooncake unreachable", "error": problem, "captured": service.captured},
+                    )
+                    return
+                self._send(HTTPStatus.OK, {"status": "ok", "captured": service.captured})
                 return
             if self.path.split("?")[0] == "/get_model_info" and service is not None:
                 self._send(HTTPStatus.OK, {"backend": "regen-hf-capture", "aux_layer_ids": service.layers})
@@ -411,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30100)
+    parser.add_argument(
+        "--allow-any-address",
+        action="store_true",
+        help="allow --host to be a wildcard (every interface); the server has no authentication",
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--max-length", type=int, default=None, help="longest prompt accepted, in tokens")
@@ -426,6 +462,21 @@ def main(argv: list[str] | None = None) -> int:
     if not layers:
         parser.error("--layers needs at least one target layer id")
 
+    # The server has no authentication: loopback, or one address of this host the trainers reach it on
+    # (behind a firewall rule), never every interface unless asked for (regen.bind_address).
+    from regen.bind_address import BindAddressError, check
+
+    try:
+        check(
+            args.host,
+            service="the capture server",
+            variable="--host (capture_server_host)",
+            allow_variable="--allow-any-address (capture_server_allow_any_address)",
+            allowed=args.allow_any_address,
+        )
+    except BindAddressError as exc:
+        _log(str(exc))
+        return EXIT_BAD_ARGS
     # Bind and serve first: a port in use is an error before minutes of model loading, and /health
     # answers "loading" (503) meanwhile.
     holder: dict[str, Any] = {"service": None}
@@ -481,6 +532,7 @@ def _run(args: argparse.Namespace, layers: list[int], holder: dict[str, Any], st
         _log(f"the model at {args.model} does not load: {type(exc).__name__}: {exc}")
         return EXIT_MODEL
     service = CaptureService(backend, sink, layers, args.max_length)
+    holder["mooncake_health"] = MooncakeHealth(settings)
     holder["service"] = service
     _log(
         f"ready on http://{args.host}:{args.port}: {args.model} on {backend.device}, layers {layers}, "

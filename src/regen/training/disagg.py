@@ -9,8 +9,9 @@
 one `{"input_ids", "loss_mask"}` per line: `specforge.data.prompt_builder` takes a file whose first record
 has both as already tokenized): the same samples, cut to the same length and filtered the same way as
 offline capture (`regen.training.capture.select`), so an online and an offline run of the same data see
-the same samples. Written atomically with a manifest of their digest beside it; an unchanged set is not
-rewritten (`changed: false`).
+the same samples. Written atomically with a manifest beside it (the samples' fingerprint and the file's
+own sha256); an unchanged set whose file still has that sha256 is not rewritten (`changed: false`), a
+damaged one (cut short, a torn line) is made again.
 
 `preflight` checks, before SpecForge starts, what SpecForge itself would only find out later: every capture
 server answers `GET /health` (SpecForge's producer never asks: a server that is down costs a lease's
@@ -23,6 +24,7 @@ Every command prints one JSON object; exit 0 done, 1 a preflight check failed, 2
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import socket
 import sys
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.fsio import AtomicFile, atomic_write_json
-from regen.training.capture import CaptureError, Fingerprint, select
+from regen.training.capture import CaptureError, Fingerprint, file_sha256, select
 
 MANIFEST_SUFFIX = ".manifest.json"
 
@@ -53,6 +55,15 @@ def write_prompts(data: str, output: str, max_length: int, max_samples: int | No
         raise CaptureError(
             f"no sample under {data} has two consecutive supervised tokens within {max_length} tokens"
         )
+    def lines():
+        for ids, mask in rows:
+            yield (json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n").encode()
+
+    content = hashlib.sha256()
+    size = 0
+    for line in lines():
+        content.update(line)
+        size += len(line)
     manifest = {
         "samples": len(rows),
         "tokens": sum(len(ids) for ids, _ in rows),
@@ -60,6 +71,9 @@ def write_prompts(data: str, output: str, max_length: int, max_samples: int | No
         "max_length": max_length,
         "fingerprint": fingerprint.hexdigest(),
         "format": "specforge pre-tokenized prompts (input_ids, loss_mask)",
+        # The file's own digest: a file cut short or torn since it was written is made again, not reused.
+        "sha256": content.hexdigest(),
+        "bytes": size,
     }
     path = Path(output)
     manifest_path = Path(output + MANIFEST_SUFFIX)
@@ -67,13 +81,16 @@ def write_prompts(data: str, output: str, max_length: int, max_samples: int | No
         old = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         old = None
+    damaged = None
     if old == manifest and path.is_file():
-        return {"changed": False, "path": str(path), **manifest}
+        if path.stat().st_size == size and file_sha256(path) == manifest["sha256"]:
+            return {"changed": False, "path": str(path), **manifest}
+        damaged = f"{path} did not match its manifest's sha256 (damaged since it was written): made again"
     with AtomicFile(path) as out:
-        for ids, mask in rows:
-            out.file.write((json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n").encode())
+        for line in lines():
+            out.file.write(line)
     atomic_write_json(manifest_path, manifest)
-    return {"changed": True, "path": str(path), **manifest}
+    return {"changed": True, "path": str(path), **manifest, **({"remade": damaged} if damaged else {})}
 
 
 def _get(url: str, timeout: float) -> tuple[int, str]:

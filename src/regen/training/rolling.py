@@ -49,6 +49,7 @@ exit 1 (`run` only) a capture or launch that failed or a round the trainer ended
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -61,7 +62,16 @@ from pathlib import Path
 from typing import Any
 
 from regen.fsio import TMP_SUFFIX, atomic_write_json
-from regen.training.capture import CaptureError, Fingerprint, sample_path, select
+from regen.training.capture import (
+    CaptureError,
+    Fingerprint,
+    damaged,
+    digests_path,
+    read_digests,
+    sample_path,
+    select,
+)
+from regen.training.capture import is_captured as _has_recorded_features
 from regen.training.checkpoints import latest_checkpoint
 
 LEDGER_VERSION = 1
@@ -297,6 +307,21 @@ def is_captured(path: Path) -> bool:
         return False
 
 
+def _uncaptured(features: Path, indices: list[int]) -> list[int]:
+    """The samples whose file is not the one the capture recorded (absent, a placeholder, another size)."""
+    digests = read_digests(features)
+    return [i for i in indices if not _has_recorded_features(sample_path(features, i), digests, i)]
+
+
+def _empty_damaged(features: Path, indices: list[int]) -> list[str]:
+    """Empty (back to placeholders, which the capture fills again) the files of `indices` whose content is
+    not what the capture wrote, by their sha256; returns their names."""
+    bad = damaged(features, indices)
+    for index in bad:
+        os.truncate(sample_path(features, index), 0)
+    return [sample_path(features, i).name for i in bad]
+
+
 # --------------------------------------------------------------------------------------------------
 # The ledger
 # --------------------------------------------------------------------------------------------------
@@ -327,7 +352,22 @@ def read_ledger(path: Path) -> dict[str, Any]:
 def read_round(ledger_path: Path, ledger: dict[str, Any], number: int) -> dict[str, Any]:
     if not 0 <= number < len(ledger["rounds"]):
         raise RollingError(f"round {number} is not in {ledger_path} ({len(ledger['rounds'])} rounds)")
-    return json.loads(_round_file(ledger_path, number).read_text(encoding="utf-8"))
+    path = _round_file(ledger_path, number)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RollingError(
+            f"{path.name}, the sample list of round {number + 1}, is missing from {path.parent}: the ledger "
+            f"names {len(ledger['rounds'])} rounds; remove {ledger_path} to plan the rounds again (the "
+            "checkpoints are kept, training resumes from the newest)"
+        ) from None
+    except ValueError as exc:
+        raise RollingError(
+            f"{path} is unreadable ({exc}); remove {ledger_path} to plan the rounds again"
+        ) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("indices"), list):
+        raise RollingError(f"{path} has no 'indices' list; remove {ledger_path} to plan the rounds again")
+    return doc
 
 
 def _checkpoint_step(checkpoints: str, run_id: str) -> int:
@@ -623,11 +663,11 @@ def _placeholders(features: Path, indices: list[int]) -> int:
 
 
 def _all_indices(ledger_path: Path, ledger: dict[str, Any]) -> list[int]:
+    # Every round's file must be there: a missing one would leave its samples without a name, and
+    # SpecForge's sampler would then see another data set size than the one the rounds were planned for.
     seen: set[int] = set()
     for number in range(len(ledger["rounds"])):
-        path = _round_file(ledger_path, number)
-        if path.exists():
-            seen.update(json.loads(path.read_text(encoding="utf-8"))["indices"])
+        seen.update(read_round(ledger_path, ledger, number)["indices"])
     return sorted(seen)
 
 
@@ -648,8 +688,12 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     keep = set(doc["indices"])
     changes = _evict(features, keep)
     changes["placeholders"] = _placeholders(features, _all_indices(ledger_path, ledger))
+    # A file of this round whose content is not what the capture wrote is emptied, so the capture
+    # that follows makes it again.
+    remade = _empty_damaged(features, list(doc["indices"]))
+    changes["damaged"] = len(remade)
     sizes = dict(zip(doc["indices"], doc["sample_bytes"], strict=True))
-    missing = [i for i in doc["indices"] if not is_captured(sample_path(features, i))]
+    missing = _uncaptured(features, list(doc["indices"]))
     to_write = sum(sizes[i] for i in missing)
     free = free_bytes(features)
     if free is not None and to_write > free:
@@ -661,6 +705,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "changed": any(changes.values()),
         "round": args.round,
+        "damaged_files": remade,
         "to_capture": len(missing),
         "estimated_bytes": to_write,
         "held_bytes": disk_usage(features),
@@ -674,7 +719,15 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     ledger = read_ledger(ledger_path)
     doc = read_round(ledger_path, ledger, args.round)
     features = Path(ledger["features_dir"])
-    missing = [i for i in doc["indices"] if not is_captured(sample_path(features, i))]
+    # Verified by content (sha256 against the capture's record), not by size: training reads these next.
+    bad = _empty_damaged(features, list(doc["indices"]))
+    if bad:
+        raise RollingError(
+            f"round {args.round + 1}: {len(bad)} feature file(s) in {features} are not what the capture "
+            f"wrote (sha256 differs from {digests_path(features).name}; first: {bad[0]}); they were emptied: "
+            "run the train stage again (the capture makes them again)"
+        )
+    missing = _uncaptured(features, list(doc["indices"]))
     if missing:
         raise RollingError(
             f"round {args.round + 1}: {len(missing)} of its {len(doc['indices'])} samples have no features "
@@ -743,6 +796,8 @@ def finish(args: argparse.Namespace) -> dict[str, Any]:
         if removed:
             # The directory holds nothing but this data's features, placeholders and capture manifest.
             shutil.rmtree(features)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(digests_path(features))
         changes = {"evicted": 0, "temporary": 0, "removed": removed}
         changed = changed or removed or not ledger.get("finished")
         ledger["finished"] = True
@@ -768,8 +823,6 @@ def finish(args: argparse.Namespace) -> dict[str, Any]:
 # run: the driver of the rounds
 # --------------------------------------------------------------------------------------------------
 
-# SpecForge must not open the placeholders of other rounds up front (it only lists them).
-_NO_UPFRONT_VALIDATION = "SPECFORGE_VALIDATE_OFFLINE_FEATURES=0"
 # A check-mode plan that cannot run (no data on the host yet) still shows the shape of a round.
 _PLACEHOLDER_ROUND = {
     "round": 0,
@@ -807,7 +860,9 @@ def launch_command(
 ) -> list[str]:
     """The launcher's `start` for one round: the trainer resumes from the newest checkpoint and stops at
     the round's last step (training.total_steps in run.yaml keeps the run's horizon); the round is kept in
-    the trainer's status."""
+    the trainer's status. SpecForge's own checks stay as SpecForge sets them: its loader only lists the
+    other rounds' placeholders (the eager pass over every file is opt-in), and this round's files were
+    checked by content (sha256) in `check` before the trainer starts."""
     meta = {
         "run_id": run_id,
         "resume_from": resume_from,
@@ -820,8 +875,6 @@ def launch_command(
         *launcher,
         "--meta",
         json.dumps(meta, sort_keys=True),
-        "--env",
-        _NO_UPFRONT_VALIDATION,
         "--",
         *trainer,
         *([f"training.resume_from={resume_from}"] if resume_from else []),

@@ -1,0 +1,1 @@
+../src/regen/bind_address.py

@@ -1,0 +1,71 @@
+"""playbooks/teardown.yml (`make stop`) stops the online training stack too (issue 25).
+
+Before, teardown stopped only the router and the model servers, and the capture server and the Mooncake
+master (both without authentication) kept running. Real parts: ansible-playbook runs the teardown play on
+localhost (no systemd here, so the roles' process supervisor); the running "capture server" and "Mooncake
+master" are fault-injection stand-ins, named so: Python's http.server processes started through
+regen.serving.supervisor under the names and state directories the capture_server and mooncake_master
+roles use, so teardown finds them exactly as it finds the real ones.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+from regen import procs
+from regen.serving import supervisor
+from tests.helpers.ansible import ansible_env, localhost_inventory, run_playbook
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stand_in(state_dir: Path, name: str) -> int:
+    port = _free_port()
+    spec = {
+        "name": name,
+        "argv": [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        "state_dir": str(state_dir),
+        "host": "127.0.0.1",
+        "port": port,
+        "stop_timeout": 10,
+    }
+    return supervisor.start(spec)["pid"]
+
+
+def test_teardown_stops_the_capture_server_and_the_mooncake_master(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    variables = {
+        "regen_root": str(ROOT),
+        "regen_work_dir": str(work),
+        "regen_artifacts_dir": str(tmp_path / "artifacts"),
+        "regen_profile": "cpu",
+        "regen_model_path": str(tmp_path / "models" / "none"),
+        "regen_job_python": sys.executable,
+    }
+    inventory = localhost_inventory(tmp_path / "inventory.yml", groups=("regen_train",), variables=variables)
+    running = {
+        "capture": _stand_in(work / "drafter" / "capture", "capture"),
+        "mooncake-master": _stand_in(work / "mooncake", "mooncake-master"),
+        "mooncake-metadata": _stand_in(work / "mooncake", "mooncake-metadata"),
+    }
+    try:
+        env = ansible_env(ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
+        run = run_playbook("playbooks/teardown.yml", inventory=inventory, env=env, timeout=600)
+        counts = run.counts("localhost")
+        assert counts["failed"] == 0, run.output[-4000:]
+        assert counts["changed"] == 2, run.output[-4000:]  # the capture server; the two Mooncake services
+        assert not [name for name, pid in running.items() if procs.alive(pid)], run.output[-4000:]
+        again = run_playbook("playbooks/teardown.yml", inventory=inventory, env=env, timeout=600)
+        assert again.counts("localhost")["changed"] == 0, again.output[-4000:]
+    finally:
+        for pid in running.values():
+            if procs.alive(pid):
+                procs.stop_group(pid, 5)
