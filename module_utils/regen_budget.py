@@ -285,6 +285,8 @@ def kv_bytes_reason(arch):
     layers = arch.get("num_layers") or 0
     types = att.get("layer_types") or {}
     full = layers - types.get("linear_attention", 0) if types else layers
+    if att.get("kv_layers") is not None:
+        full = att["kv_layers"]
     dtype = arch.get("kv_cache_dtype") or {"dtype": "bfloat16", "bytes": 2, "source": "assumed"}
     size = dtype["bytes"]
     if att.get("kind") == "mla":
