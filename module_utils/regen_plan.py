@@ -231,6 +231,17 @@ class _Planner:
         return {"value": None, "reason": reason, "unknown": True, "remedy": why["remedy"]}
 
 
+def tp_dividing_heads(needed, heads):
+    """The smallest TP size of at least `needed` GPUs that divides the attention heads (SGLang shards
+    heads evenly over TP ranks: Kimi K3's 96 heads take TP 96 or 48, never 64); powers of two first."""
+    if not needed or not heads:
+        return None
+    for candidate in [2 ** k for k in range(0, 12)] + list(range(1, heads + 1)):
+        if candidate >= needed and heads % candidate == 0:
+            return candidate
+    return None
+
+
 def _kv_bytes_per_gpu(arch, tokens, tp):
     per_token = arch.get("kv_cache_bytes_per_token")
     if not per_token:
@@ -338,12 +349,14 @@ def plan_serving(arch, gpu, planner, length=None):
             kv = _kv_bytes_per_gpu(arch, kv_tokens["value"], largest)
             spare = usable - kv
             needed = math.ceil(weights / spare) if spare > 0 else None
-            needed_tp = 2 ** math.ceil(math.log2(needed)) if needed else None
+            needed_tp = tp_dividing_heads(needed, heads) if needed else None
+            tp_text = (f"TP{needed_tp}, which divides the {heads} attention heads" if needed_tp
+                       else f"more GPUs than TP can use over {heads} heads: add pipeline stages")
             tp_value, fits = largest, False
             reason = f"largest power of two that divides {heads} heads on {count} GPUs"
             fit_reason = (
                 f"does not fit: weights {_gib(weights)} need {needed if needed else 'more'} GPUs of "
-                f"{_gib(per_gpu)} (TP{needed_tp or '?'}) at mem fraction {mem_fraction['value']:.2f} with KV "
+                f"{_gib(per_gpu)} ({tp_text}) at mem fraction {mem_fraction['value']:.2f} with KV "
                 f"for {kv_tokens['value']} tokens; this host has {count} (use more GPUs, a smaller "
                 "quantization, or fewer KV tokens)"
             )
