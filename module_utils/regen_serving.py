@@ -39,6 +39,13 @@ ATTENTION_BACKENDS = (
     "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
     "ascend", "intel_xpu",
 )
+# SGLang 0.5.23 `--moe-runner-backend` choices (arg_groups/choices.py MOE_RUNNER_BACKEND_CHOICES).
+MOE_RUNNER_BACKENDS = (
+    "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "experimental_sgl_trtllm",
+    "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl",
+    "flashinfer_megamoe", "cutlass", "aiter", "marlin", "humming", "experimental_sgl_marlin", "lora_cutedsl",
+    "lora_triton", "lora_marlin", "hpc_ops", "megamoe", "intel_xpu",
+)
 # SGLang 0.5.23 `--kv-cache-dtype` choices (arg_groups/fields/model.py); the plan names one only when the
 # checkpoint declares its KV-cache format (the memory arithmetic counts that many bytes per element).
 KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
@@ -72,6 +79,9 @@ _RENDERED_FLAGS = {
     "--tool-call-parser": "sglang_server_tool_call_parser",
     "--context-length": "sglang_server_context_length",
     "--kv-cache-dtype": "sglang_server_kv_cache_dtype",
+    "--quantization": "model_facts_plan_overrides.serving.quantization",
+    "--moe-runner-backend": "model_facts_plan_overrides.serving.moe_runner_backend",
+    "--cuda-graph-max-bs-decode": "model_facts_plan_overrides.serving.cuda_graph_max_bs",
     "--mem-fraction-static": "sglang_server_mem_fraction_static",
     "--host": "sglang_server_host",
     "--port": "sglang_server_port",
@@ -413,6 +423,17 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
             f"SGLang {SGLANG_VERSION}'s --kv-cache-dtype choices: {', '.join(KV_CACHE_DTYPES)}; fix "
             "sglang_server_kv_cache_dtype (or model_facts_plan_overrides.serving.kv_cache_dtype)"
         )
+    # The MoE kernels, the quantization flag and the decode CUDA-graph batch the plan's tables chose
+    # (regen_kernel_tables, regen_budget.graph_batch_for); absent from the plan, SGLang decides.
+    for key in ("quantization", "moe_runner_backend", "cuda_graph_max_bs"):
+        settings.pick(key, settings.serving, fallback=None, fallback_reason="SGLang's own choice")
+    runner = settings.table["moe_runner_backend"]["value"]
+    if runner and runner not in MOE_RUNNER_BACKENDS:
+        raise ServingPlanError(
+            f"moe_runner_backend {runner!r} is not one of SGLang {SGLANG_VERSION}'s --moe-runner-backend "
+            f"choices: {', '.join(MOE_RUNNER_BACKENDS)}; fix "
+            "model_facts_plan_overrides.serving.moe_runner_backend"
+        )
     settings.pick("mem_fraction_static", settings.serving, fallback=None,
                   fallback_reason="SGLang's own default")
     settings.pick("trust_remote_code", settings.serving, fallback=True,
@@ -445,6 +466,11 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         argv += ["--context-length", str(_int_setting(settings, "context_length"))]
     if kv_dtype:
         argv += ["--kv-cache-dtype", str(kv_dtype)]
+    if device == "cuda":
+        for key, flag in (("quantization", "--quantization"), ("moe_runner_backend", "--moe-runner-backend"),
+                          ("cuda_graph_max_bs", "--cuda-graph-max-bs-decode")):
+            if settings.table[key]["value"]:
+                argv += [flag, str(settings.table[key]["value"])]
     fraction = settings.table["mem_fraction_static"]["value"]
     if fraction is not None:
         try:

@@ -384,8 +384,8 @@ def naming_convention(model_types):
     """The module-naming convention of a family (by its model types), for matching ignore lists."""
     joined = " ".join(t for t in model_types if isinstance(t, str))
     for key, needle in (("nemotron", "nemotron_h"), ("minimax", "minimax"), ("deepseek_v4", "deepseek_v4"),
-                        ("deepseek_v4", "deepseek_ref"), ("gemma4", "gemma4"), ("kimi", "kimi_linear"),
-                        ("kimi", "kimi_k3"), ("qwen", "qwen")):
+                        ("deepseek_v4", "deepseek_ref"), ("gemma4", "gemma4"), ("kimi", "kimi_lin"),
+                        ("qwen", "qwen")):
         if needle in joined:
             return key
     return "default"
