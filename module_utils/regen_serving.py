@@ -21,6 +21,7 @@ import re
 
 from ansible.module_utils.regen_attention_backends import backend_for_facts
 from ansible.module_utils.regen_families import family_of
+from ansible.module_utils.regen_gpu import PCIE_BLACKWELL_NCCL_ENV, nccl_decision
 from ansible.module_utils.regen_plan import nested, plan_entry
 
 SGLANG_VERSION = "0.5.23"
@@ -53,7 +54,7 @@ KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", 
 # environment (systemd's EnvironmentFile=, the supervisor's --secret-env-file); ROUTER_LAUNCHER reads it.
 API_KEY_ENV = "REGEN_SERVING_API_KEY"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-PCIE_BLACKWELL_ENV = {"NCCL_P2P_DISABLE": "1"}
+PCIE_BLACKWELL_ENV = PCIE_BLACKWELL_NCCL_ENV
 
 # Flags the role renders itself; passing them again through extra args would make the effective value
 # depend on argparse's last-wins order, so that is refused with the variable to use instead.
@@ -576,26 +577,13 @@ def _gpu_env(spec, settings, per_node):
         env["TORCH_CUDA_ARCH_LIST"] = ";".join(sorted(set(capabilities)))
         settings._set("torch_cuda_arch_list", env["TORCH_CUDA_ARCH_LIST"], "facts",
                       "the GPUs' compute capabilities, so JIT-compiled kernels target them")
-    measured = gpu.get("nccl_p2p") if isinstance(gpu.get("nccl_p2p"), dict) else {}
-    if measured.get("measured") and per_node > 1:
-        # Provisioning measured P2P on this host (regen.serving.p2p_probe): that beats any assumption.
-        decided = {str(k): str(v) for k, v in (measured.get("env") or {}).items()}
-        env.update(decided)
-        settings._set("nccl_env", decided, "facts",
-                      f"measured at provision time: {measured.get('reason') or 'no reason recorded'}")
-        return env
-    pcie_blackwell = (gpu.get("interconnect") == "pcie" and per_node > 1
-                      and any(c.startswith("12.") for c in capabilities))
     extra = spec.get("pcie_blackwell_env")
-    if extra is None:
-        extra = PCIE_BLACKWELL_ENV
-    if pcie_blackwell and extra:
-        env.update({str(k): str(v) for k, v in extra.items()})
-        not_measured = measured.get("reason") or "no measurement recorded (the provision stage takes one)"
-        settings._set("nccl_env", dict(extra), "facts",
-                      "PCIe-only Blackwell (sm_120) GPUs: NCCL peer-to-peer hangs unless IOMMU/ACS are off "
-                      f"(NVIDIA/nccl#1999), and P2P was not measured here ({not_measured}); set "
-                      "sglang_server_pcie_blackwell_environment: {} once P2P works")
+    decided, reason, source = nccl_decision(gpu, per_node, "the SGLang server's TP ranks", extra)
+    if decided or source == "measured":
+        env.update(decided)
+        settings._set("nccl_env", decided, "facts", reason
+                      + ("; set sglang_server_pcie_blackwell_environment: {} once P2P works"
+                         if source == "default" else ""))
     return env
 
 
