@@ -202,13 +202,13 @@ EXAMPLES = r"""
 RETURN = r"""
 nccl:
   description:
-    - The NCCL settings for the trainer's ranks on this host (C(regen_gpu.nccl_decision)): the provision-time
-      P2P measurement's decision, else C(NCCL_P2P_DISABLE=1) on PCIe-only sm_120 hosts, else none; with
-      C(reason) and C(env_args) (C(--env NAME=VALUE) pairs for C(regen.training.launcher)). Each managed
-      capture server's C(online.capture_servers[].environment) carries the same decision for its ranks.
+    - The NCCL settings for the trainer's ranks on this host (C(regen_gpu.nccl_decision)). The provision-time
+      P2P measurement decides; without one, PCIe-only sm_120 hosts get C(NCCL_P2P_DISABLE=1) and others none.
+    - C(env), C(reason), and C(env_args) (C(--env NAME=VALUE) pairs for C(regen.training.launcher)). Each
+      managed capture server's C(online.capture_servers[].environment) carries the same decision for
+      its ranks.
   returned: always
   type: dict
-
 draft_config:
   description: The drafter's config.json (SpecForge DFlashDraftModel, Qwen3 layers).
   returned: success
