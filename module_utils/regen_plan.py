@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 
-from ansible.module_utils import regen_budget, regen_kernel_tables
+from ansible.module_utils import regen_budget, regen_estimate, regen_kernel_tables
 from ansible.module_utils.regen_attention_backends import backend_for_facts
 from ansible.module_utils.regen_config import DTYPE_BYTES, kv_cache_bytes_per_token
 from ansible.module_utils.regen_families import THINKING_SWITCHES, family_of
+from ansible.module_utils.regen_gpu import nccl_decision
 
 GIB = 1024**3
 DEFAULTS = {
@@ -68,6 +69,10 @@ PLAN_KEYS = {
         "vocab_size",
         "target_num_layers",
     ),
+    # The NCCL settings of every multi-GPU process the pipeline starts (regen_gpu.nccl_decision).
+    "nccl": ("serving", "capture", "training"),
+    # How long generation and capture take and the disk the run needs (module_utils/regen_estimate.py).
+    "estimate": ("run",),
     # The run's one length budget (module_utils/regen_budget.py): generation max_tokens, the server's
     # context length, tokenize/capture/training max_length and the evaluation prompt length read it.
     "length": (
@@ -856,6 +861,37 @@ def plan_concurrency(serving, length, planner):
     return planner.pick("generation", "concurrency", value, reason)
 
 
+def plan_nccl(gpu, serving, planner):
+    """The `nccl` section: one decision (regen_gpu.nccl_decision) for the server's TP ranks, the capture
+    server's (it runs the target with the serving layout) and the FSDP trainer's (one rank per GPU)."""
+    count = (gpu or {}).get("count") or 0
+    tp = plan_value(serving.get("tp_size")) or 1
+    server_ranks = min(count, tp * (plan_value(serving.get("dp_size")) or 1))
+    section = {}
+    for key, ranks, who in (("serving", server_ranks, "the SGLang server's TP ranks"),
+                            ("capture", tp, "the capture server's ranks"),
+                            ("training", count, "the FSDP trainer's ranks (one per GPU)")):
+        env, reason, source = nccl_decision(gpu, ranks if count else 0, who)
+        section[key] = planner.pick("nccl", key, env, f"{reason} [{source}]")
+    return section
+
+
+def plan_estimate(architecture, plan, prompts, planner):
+    """estimate.run: generation and capture time and the run's disk (regen_estimate.run_estimate)."""
+    from ansible.module_utils.regen_drafter import hidden_state_bytes_per_token  # regen_drafter imports us
+
+    rows = None
+    if isinstance(prompts, dict):
+        rows = prompts.get("rows") or ((prompts.get("lengths") or {}).get("rows"))
+    drafter = plan.get("drafter") or {}
+    layers = plan_value(drafter.get("target_layer_ids"))
+    hidden = architecture.get("hidden_size")
+    per_token = hidden_state_bytes_per_token(hidden, len(layers)) if hidden and layers else None
+    entry = regen_estimate.run_estimate(architecture, plan, rows, per_token,
+                                        plan_value(drafter.get("num_draft_layers")))
+    return planner.pick("estimate", "run", entry["value"], entry["reason"])
+
+
 # Public settings for Kimi K2.5 on 8x RTX PRO 6000 that the issue tracker quotes (regen issue 24): shown
 # beside the plan's own, which follow from its margin arithmetic.
 PUBLIC_SM120_SETTINGS = ("public recipes for Kimi K2.5 on 8x RTX PRO 6000 run --mem-fraction-static "
@@ -909,6 +945,8 @@ def make_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=No
         "drafter": plan_drafter(architecture, tokenizer, planner),
         "length": length,
     }
+    plan["nccl"] = plan_nccl(gpu, serving, planner)
+    plan["estimate"] = {"run": plan_estimate(architecture, plan, prompts, planner)}
     unknown = unknown_entries(plan)
     if unknown and isinstance(tokenizer, dict) and tokenizer.get("available") is False:
         # Only tokenizer facts that say they could not be read are a warning; a caller that passes none
