@@ -104,7 +104,13 @@ plan_unknown:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.regen_budget import BudgetError
-from ansible.module_utils.regen_plan import make_plan, override_errors, plan_values, unknown_entries
+from ansible.module_utils.regen_plan import (
+    make_plan,
+    override_errors,
+    plan_values,
+    refresh_estimate,
+    unknown_entries,
+)
 from ansible.module_utils.regen_simulator import plan_entry as simulator_entry
 from ansible.module_utils.regen_sweep import apply_report
 
@@ -144,6 +150,8 @@ def main():
         if p["simulation"] is not None:
             serving = plan_values(plan)["serving"]
             plan["serving"]["simulator_estimate"] = simulator_entry(p["simulation"], serving)
+            # The run estimate again, now with the simulator's throughput for the chosen layout.
+            refresh_estimate(plan, p["architecture"], p["prompts"], p["overrides"])
     module.exit_json(
         changed=False, plan=plan, plan_values=plan_values(plan) if plan is not None else None,
         plan_unknown=unknown_entries(plan),

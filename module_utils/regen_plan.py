@@ -892,6 +892,13 @@ def plan_estimate(architecture, plan, prompts, planner):
     return planner.pick("estimate", "run", entry["value"], entry["reason"])
 
 
+def refresh_estimate(plan, architecture, prompts=None, overrides=None):
+    """Recompute estimate.run after the serving section gained a throughput source (the simulator's
+    estimate or the sweep's measurement, which model_plan_info attaches after make_plan)."""
+    plan["estimate"] = {"run": plan_estimate(architecture, plan, prompts, _Planner(overrides))}
+    return plan
+
+
 # Public settings for Kimi K2.5 on 8x RTX PRO 6000 that the issue tracker quotes (regen issue 24): shown
 # beside the plan's own, which follow from its margin arithmetic.
 PUBLIC_SM120_SETTINGS = ("public recipes for Kimi K2.5 on 8x RTX PRO 6000 run --mem-fraction-static "

@@ -275,4 +275,10 @@ def plan_entry(simulation, serving_values):
         )
     else:
         reason = f"{TOOL} found no layout within its default latency limits for this budget"
+    risk = (serving_values or {}).get("ep_risk")
+    if risk:
+        # The simulator ranks speed, not correctness: a layout public reports saw answer garbage on this GPU
+        # is shown beside the ranking (the quality gate and the sweep decide it on the host).
+        value["ep_risk"] = risk
+        reason += f"; risk of the plan's layout: {risk}"
     return {"value": value, "reason": reason}
