@@ -182,6 +182,7 @@ def _facts_of_model_dir(args: argparse.Namespace, project_root: Path, console: C
             memory_gib=args.gpu_memory_gib,
             capability=args.compute_capability,
             tokenizer_mode=args.tokenizer_mode,
+            prompt_rows=getattr(args, "prompt_rows", None),
         )
     except LocalFactsError as exc:
         make_console(stderr=True).print(Text(f"regen: {exc}", style="bold red"))

@@ -73,6 +73,7 @@ def local_facts(
     capability: str | None = None,
     tokenizer_mode: str = "raw_files",
     overrides: Mapping[str, Any] | None = None,
+    prompt_rows: int | None = None,
 ) -> dict[str, Any]:
     """The facts document (the introspect stage's shape) of `model_path` for the GPUs described."""
     check_gpu_spec(gpus, memory_gib, capability)
@@ -93,7 +94,10 @@ def local_facts(
     errors = mods["regen_plan"].override_errors(dict(overrides or {}))
     if errors:
         raise BadInput("; ".join(errors))
-    plan = mods["regen_plan"].make_plan(architecture, tokenizer, gpu, dict(overrides or {}))
+    if prompt_rows is not None and prompt_rows < 1:
+        raise BadInput(f"--prompt-rows {prompt_rows}: give the number of prompts the run regenerates")
+    prompts = {"rows": prompt_rows} if prompt_rows else None  # the run estimate's size; no length stats
+    plan = mods["regen_plan"].make_plan(architecture, tokenizer, gpu, dict(overrides or {}), prompts=prompts)
     return {
         "schema_version": 1,
         "host": None,
