@@ -52,3 +52,13 @@ def test_with_the_simulators_estimate_ct200s_100k_prompts_take_days():
         generation["arithmetic"])
     capture = plan["estimate"]["run"]["value"]["capture"]
     assert capture["tokens"] == 100_000 * 6152 and capture["seconds"] > 0
+
+
+def test_the_run_summary_shows_the_estimate_with_its_arithmetic():
+    from regen import summary
+
+    arch, plan = _plan()
+    facts = {"architecture": arch, "plan": plan, "plan_values": plan_values(plan)}
+    rows = [text for key, text in summary.model_lines(facts) if key == "estimate"]
+    assert rows and rows[0].startswith("generation: 100,000 prompts x 4,096 max_tokens")
+    assert any(text.startswith("features: 100,000 x 6,152 tokens x 86,016 B/token") for text in rows)
