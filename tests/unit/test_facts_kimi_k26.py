@@ -54,3 +54,22 @@ def test_regen_facts_on_the_real_kimi_k26_nvfp4_config(capsys: pytest.CaptureFix
                    "(attention backend, KV dtype): (flashinfer, bf16)", "NCCL serving:", "NCCL capture:",
                    "NCCL training:", "run estimate:", "409,600,000 output tokens"):
         assert needle in out, needle
+
+
+def test_regen_facts_with_an_aiconfigurator_csv_shows_days(capsys: pytest.CaptureFixture[str]) -> None:
+    # aiconfigurator 0.12.0's ranking recorded on this project's machine for Kimi K2.5 (K2.6's architecture)
+    # on rtx_pro_6000_server: 369.496 output tokens/s for the plan's TP8/EP8 (rank 9).
+    csv = ROOT / "tests" / "fixtures" / "aiconfigurator" / (
+        "kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv")
+    argv = ["facts", "--model-path", str(K26), "--gpus", "8", "--gpu-memory-gib", "96",
+            "--compute-capability", "12.0", "--prompt-rows", "100000", "--simulation-csv", str(csv),
+            "--project", str(ROOT)]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert "rank 9" in plan["serving"]["simulator_estimate"]["reason"]
+    generation = plan["estimate"]["run"]["value"]["generation"]
+    assert generation["seconds"] == pytest.approx(100_000 * 4096 / 369.496)
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "= 12 d 19 h" in out
+    assert main([*argv[:-2], "--simulation-csv", str(K26 / "config.json"), "--project", str(ROOT)]) == 4

@@ -183,6 +183,7 @@ def _facts_of_model_dir(args: argparse.Namespace, project_root: Path, console: C
             capability=args.compute_capability,
             tokenizer_mode=args.tokenizer_mode,
             prompt_rows=getattr(args, "prompt_rows", None),
+            simulation_csv=getattr(args, "simulation_csv", None),
         )
     except LocalFactsError as exc:
         make_console(stderr=True).print(Text(f"regen: {exc}", style="bold red"))

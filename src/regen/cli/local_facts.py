@@ -45,7 +45,7 @@ def _module_utils(project_root: Path) -> dict[str, ModuleType]:
         ) from None
     if str(directory) not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(str(directory))
-    names = ("regen_config", "regen_tokenizer", "regen_gpu", "regen_plan")
+    names = ("regen_config", "regen_tokenizer", "regen_gpu", "regen_plan", "regen_simulator")
     return {name: importlib.import_module(f"ansible.module_utils.{name}") for name in names}
 
 
@@ -74,6 +74,7 @@ def local_facts(
     tokenizer_mode: str = "raw_files",
     overrides: Mapping[str, Any] | None = None,
     prompt_rows: int | None = None,
+    simulation_csv: str | Path | None = None,
 ) -> dict[str, Any]:
     """The facts document (the introspect stage's shape) of `model_path` for the GPUs described."""
     check_gpu_spec(gpus, memory_gib, capability)
@@ -98,6 +99,15 @@ def local_facts(
         raise BadInput(f"--prompt-rows {prompt_rows}: give the number of prompts the run regenerates")
     prompts = {"rows": prompt_rows} if prompt_rows else None  # the run estimate's size; no length stats
     plan = mods["regen_plan"].make_plan(architecture, tokenizer, gpu, dict(overrides or {}), prompts=prompts)
+    if simulation_csv:
+        # An aiconfigurator ranking the operator ran: beside the plan's layout, and the estimate's throughput.
+        try:
+            simulation = mods["regen_simulator"].simulation_from_csv(Path(simulation_csv).read_text())
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"--simulation-csv {simulation_csv}: {exc}") from None
+        serving = mods["regen_plan"].plan_values(plan)["serving"]
+        plan["serving"]["simulator_estimate"] = mods["regen_simulator"].plan_entry(simulation, serving)
+        mods["regen_plan"].refresh_estimate(plan, architecture, prompts, dict(overrides or {}))
     return {
         "schema_version": 1,
         "host": None,

@@ -196,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(the prompts stage's manifest gives it in a real run)",
     )
     p_facts.add_argument(
+        "--simulation-csv",
+        metavar="FILE",
+        help="with --model-path: an aiconfigurator best_config_topn.csv for these GPUs, shown beside the "
+        "plan's layout and used for the run estimate's throughput",
+    )
+    p_facts.add_argument(
         "--tokenizer-mode",
         choices=("raw_files", "auto", "library"),
         default="raw_files",
