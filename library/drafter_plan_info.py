@@ -200,6 +200,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+nccl:
+  description:
+    - The NCCL settings for the trainer's ranks on this host (C(regen_gpu.nccl_decision)). The provision-time
+      P2P measurement decides; without one, PCIe-only sm_120 hosts get C(NCCL_P2P_DISABLE=1) and others none.
+    - C(env), C(reason), and C(env_args) (C(--env NAME=VALUE) pairs for C(regen.training.launcher)). Each
+      managed capture server's C(online.capture_servers[].environment) carries the same decision for
+      its ranks.
+  returned: always
+  type: dict
 draft_config:
   description: The drafter's config.json (SpecForge DFlashDraftModel, Qwen3 layers).
   returned: success
@@ -306,6 +315,7 @@ from ansible.module_utils.regen_drafter import (
     trainer_topology,
     weight_keys,
 )
+from ansible.module_utils.regen_gpu import nccl_decision
 from ansible.module_utils.regen_plan import nested
 from ansible.module_utils.regen_training_topology import TopologyError, plan_topology
 
@@ -393,11 +403,16 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
                 dict(
                     server,
                     url=url,
-                    environment=capture_environment(
-                        endpoints,
-                        segment,
-                        int(given.get("local_buffer_bytes") or 64 << 20),
-                        addresses.get(server["host"], bind),
+                    # The NCCL decision for its TP/EP ranks (regen_gpu.nccl_decision), then MOONCAKE_*.
+                    environment=dict(
+                        nccl_decision(nested(p["facts"], "environment", "gpu"),
+                                      len(server.get("gpu_ids") or []), "the capture server's ranks")[0],
+                        **capture_environment(
+                            endpoints,
+                            segment,
+                            int(given.get("local_buffer_bytes") or 64 << 20),
+                            addresses.get(server["host"], bind),
+                        ),
                     ),
                 )
                 for server, url in zip(servers, urls, strict=True)
@@ -706,8 +721,16 @@ def main():
         )
     except DrafterPlanError as exc:
         module.fail_json(msg=str(exc))
+    # The NCCL decision for the trainer's ranks on this host (the same function the serving and capture
+    # launches use); the launch passes `nccl.env_args` to the launcher as --env NAME=VALUE.
+    trainer_env, trainer_reason, _source = nccl_decision(
+        nested(p["facts"], "environment", "gpu"), (topology or {}).get("nproc_per_node") or 1,
+        "the FSDP trainer's ranks")
+    nccl = {"env": trainer_env, "reason": trainer_reason,
+            "env_args": [a for k, v in sorted(trainer_env.items()) for a in ("--env", f"{k}={v}")]}
     module.exit_json(
         changed=False,
+        nccl=nccl,
         draft_config=config,
         reasons=reasons,
         hidden_states=states,

@@ -44,7 +44,7 @@ options:
     type: dict
     required: true
   facts:
-    description: The model facts document; its C(plan.run_estimate) gives the disk and time estimates.
+    description: The model facts document; its C(plan.estimate.run) gives the disk and time estimates.
     type: dict
     default: {}
   ports:

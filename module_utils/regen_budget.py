@@ -236,7 +236,25 @@ def _sglang_gpu_class(per_gpu_bytes, gpus):
     return 16384, 512
 
 
-def memory_margin(per_gpu_bytes, gpus, mla):
+def default_graph_batch(per_gpu_bytes, gpus):
+    """SGLang 0.5.23's default decode CUDA-graph batch for this GPU class (what an unplanned line gets)."""
+    return _sglang_gpu_class(per_gpu_bytes, gpus)[1]
+
+
+def graph_batch_for(concurrency, per_gpu_bytes, gpus):
+    """(batch, reason): the decode CUDA-graph batch for the planned concurrency: the concurrency rounded up
+    to a multiple of 8 (SGLang captures batch sizes in steps of 8 from 8 on), never above SGLang's own
+    default for the GPU class. Graphs beyond the requests in flight only take memory from the KV pool."""
+    default = default_graph_batch(per_gpu_bytes, gpus)
+    if not concurrency:
+        return default, f"no planned concurrency: SGLang's default decode graph batch {default}"
+    batch = min(default, max(8, -(-int(concurrency) // 8) * 8))
+    return batch, (f"the planned concurrency {concurrency} rounded up to a multiple of 8 = {batch} (SGLang's "
+                   f"default for this GPU class is {default}); the graphs' 2 MiB per entry come out of the "
+                   "margin, so the static share follows")
+
+
+def memory_margin(per_gpu_bytes, gpus, mla, graph_bs=None):
     """(bytes, reason): GPU memory kept out of --mem-fraction-static, per GPU.
 
     SGLang 0.5.23 documents its own estimate of what activations and CUDA graphs take beside weights and
@@ -245,7 +263,8 @@ def memory_margin(per_gpu_bytes, gpus, mla):
     and never under 10 GiB on GPUs above 60 GiB. regen keeps the same margin, sized for the largest TP
     this host allows (the one that reserves most), so the fraction is safe for every layout it plans.
     """
-    chunk, graph_bs = _sglang_gpu_class(per_gpu_bytes, gpus)
+    chunk, default_bs = _sglang_gpu_class(per_gpu_bytes, gpus)
+    graph_bs = graph_bs or default_bs
     parts = [
         (512 * MIB, "512 MiB"),
         (int(1.5 * MIB * chunk), f"1.5 MiB x {_n(chunk)} chunked-prefill tokens"),
@@ -285,6 +304,8 @@ def kv_bytes_reason(arch):
     layers = arch.get("num_layers") or 0
     types = att.get("layer_types") or {}
     full = layers - types.get("linear_attention", 0) if types else layers
+    if att.get("kv_layers") is not None:
+        full = att["kv_layers"]
     dtype = arch.get("kv_cache_dtype") or {"dtype": "bfloat16", "bytes": 2, "source": "assumed"}
     size = dtype["bytes"]
     if att.get("kind") == "mla":

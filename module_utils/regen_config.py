@@ -16,6 +16,7 @@ import re
 import struct
 import sys
 
+from . import regen_model_size
 from .regen_families import FAMILIES, TEXT_CONFIG_KEYS
 
 CONFIG_FILE = "config.json"
@@ -258,7 +259,8 @@ def _moe(r, num_layers):
         # Mixtral and gpt-oss experts are full-size MLPs: intermediate_size is the expert's width.
         expert_size = r.int("intermediate_size", "ffn_hidden_size")
     shared = r.int("n_shared_experts", "num_shared_experts", positive=False)
-    shared_size = r.int("shared_expert_intermediate_size", positive=False)
+    shared_size = r.int("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
+                        positive=False)
     if shared is None:
         shared = 1 if shared_size else 0
     if shared_size is None and shared and expert_size:
@@ -274,10 +276,12 @@ def _moe(r, num_layers):
             dense_prefix += 1
     sparse_step = r.int("decoder_sparse_step", "moe_layer_freq")
     moe_layers = None
+    moe_layer_ids = []
     if num_layers is not None:
         candidates = range(min(dense_prefix, num_layers), num_layers)
         step = sparse_step if sparse_step else 1
-        moe_layers = sum(1 for i in candidates if i not in dense_layers and (i + 1) % step == 0)
+        moe_layer_ids = [i for i in candidates if i not in dense_layers and (i + 1) % step == 0]
+        moe_layers = len(moe_layer_ids)
     return {
         "routed_experts": routed,
         "shared_experts": shared,
@@ -291,28 +295,43 @@ def _moe(r, num_layers):
         "scoring_func": r.str("scoring_func"),
         "topk_method": r.str("topk_method"),
         "routed_scaling_factor": r.float("routed_scaling_factor"),
+        # Latent MoE (Kimi K3 routed_expert_hidden_size, Nemotron-3 moe_latent_size): the routed experts'
+        # input width, narrower than hidden_size; null when they read the hidden state itself.
+        "routed_expert_hidden_size": r.int("routed_expert_hidden_size", "moe_latent_size"),
+        "_layer_ids": moe_layer_ids,
     }
 
 
 def normalize_quantization(config, text, hf_quant_config=None):
-    """Quantization facts from quantization_config (top or text) or a ModelOpt hf_quant_config.json."""
+    """Quantization facts from quantization_config (top or text) and/or a ModelOpt hf_quant_config.json.
+
+    ModelOpt checkpoints write `quant_method: modelopt` and name the scheme in `quant_algo` (NVFP4, FP8,
+    MIXED_PRECISION); their hf_quant_config.json may add the per-layer table of a MIXED_PRECISION
+    checkpoint (`quantized_layers`) and the KV-cache algorithm, so both files are read when both exist.
+    """
     source = None
     q = None
     for scope, name in ((config, "config.json"), (text, "config.json text_config")):
         if isinstance(scope.get("quantization_config"), dict):
             q, source = scope["quantization_config"], name
             break
-    if q is None and isinstance(hf_quant_config, dict):
+    hf_inner = None
+    if isinstance(hf_quant_config, dict):
         inner = hf_quant_config.get("quantization")
-        q = inner if isinstance(inner, dict) else hf_quant_config
-        source = HF_QUANT_CONFIG_FILE
+        hf_inner = inner if isinstance(inner, dict) else hf_quant_config
+    if q is None and hf_inner is not None:
+        q, source = hf_inner, HF_QUANT_CONFIG_FILE
     if q is None:
         return None
-    method = q.get("quant_method") or q.get("quant_algo")
+    algo = q.get("quant_algo") if isinstance(q.get("quant_algo"), str) else None
+    if algo is None and hf_inner is not None and isinstance(hf_inner.get("quant_algo"), str):
+        algo = hf_inner["quant_algo"]
+    method = q.get("quant_method") or algo
     method = method.lower() if isinstance(method, str) else None
     bits = _as_int(q.get("bits")) or _as_int(q.get("num_bits"))
     group_size = _as_int(q.get("group_size"))
     fmt = q.get("format") if isinstance(q.get("format"), str) else None
+    weight_type = None
     groups = q.get("config_groups")
     if isinstance(groups, dict):
         for group in groups.values():
@@ -320,6 +339,7 @@ def normalize_quantization(config, text, hf_quant_config=None):
             if isinstance(weights, dict):
                 bits = bits or _as_int(weights.get("num_bits"))
                 group_size = group_size or _as_int(weights.get("group_size"))
+                weight_type = weights.get("type") if isinstance(weights.get("type"), str) else None
                 if fmt is None and isinstance(group.get("format"), str):
                     fmt = group["format"]
                 break
@@ -329,19 +349,39 @@ def normalize_quantization(config, text, hf_quant_config=None):
         bits = {"fp8": 8, "mxfp4": 4, "nvfp4": 4, "fp4": 4, "w4a16_awq": 4, "int4_awq": 4}.get(method)
         if bits is None and "fp8" in method:
             bits = 8
+    if bits is None and algo:
+        bits = {"NVFP4": 4, "FP8": 8, "MXFP8": 8, "W4A16_NVFP4": 4}.get(algo.upper())
+    if group_size is None and hf_inner is not None:
+        group_size = _as_int(hf_inner.get("group_size"))
     block = q.get("weight_block_size")
     ignores = []
-    for key in ("ignore", "modules_to_not_convert", "exclude_modules", "ignored_layers"):
-        ignores.extend(_string_list(q.get(key)))
+    for scope in (q, hf_inner or {}):
+        for key in ("ignore", "modules_to_not_convert", "exclude_modules", "ignored_layers"):
+            for entry in _string_list(scope.get(key)):
+                if entry not in ignores:
+                    ignores.append(entry)
+    layers = q.get("quantized_layers")
+    if not isinstance(layers, dict) and hf_inner is not None:
+        layers = hf_inner.get("quantized_layers")
+    kv = declared_kv_cache(q, source)
+    if kv is None and hf_inner is not None and hf_inner is not q:
+        kv = declared_kv_cache(hf_inner, HF_QUANT_CONFIG_FILE)
     return {
         "method": method,
+        "algo": algo,
         "bits": bits,
         "format": fmt,
+        "weight_type": weight_type,
         "group_size": group_size,
         "weight_block_size": [v for v in block if _is_int(v)] if isinstance(block, list) else None,
         "ignores": ignores,
+        # ModelOpt MIXED_PRECISION: bits per weight by "component.layer" (regen_model_size.mixed_table), the
+        # per-module table folded to what the size arithmetic needs.
+        "mixed_precision": (
+            regen_model_size.mixed_table(layers) if isinstance(layers, dict) and layers else None
+        ),
         "source": source,
-        "kv_cache": declared_kv_cache(q, source),
+        "kv_cache": kv,
     }
 
 
@@ -366,6 +406,8 @@ def declared_kv_cache(q, source):
             return {"dtype": found[0], "bytes": found[1],
                     "declared": f"{source} kv_cache_scheme {{type: {kind}, num_bits: {bits}}}"}
     algo = q.get("kv_cache_quant_algo")
+    if isinstance(scheme, str) and scheme.upper() in _KV_ALGOS and not isinstance(algo, str):
+        algo = scheme  # ModelOpt configs written into config.json: `kv_cache_scheme: "FP8"`
     if isinstance(algo, str) and algo.upper() in _KV_ALGOS:
         found = _KV_ALGOS[algo.upper()]
         return {"dtype": found[0], "bytes": found[1], "declared": f"{source} kv_cache_quant_algo {algo}"}
@@ -383,91 +425,38 @@ def kv_cache_dtype(arch):
             "source": "no KV-cache quantization declared: the model's dtype"}
 
 
-def estimate_parameters(arch):
-    """Total and active-per-token parameter estimate from shapes (MTP layers excluded)."""
-    hidden, layers, vocab = arch["hidden_size"], arch["num_layers"], arch["vocab_size"]
-    att, moe = arch["attention"], arch["moe"]
+def estimate_parameters(arch, text=None, config=None):
+    """Total and active-per-token parameter estimate from shapes, by component (regen_model_size); MTP
+    layers and the vision tower are counted apart (`mtp_params`, `vision_params`)."""
+    hidden, layers = arch["hidden_size"], arch["num_layers"]
     if not hidden or not layers:
         return {"total": None, "active": None, "note": "hidden_size or num_layers unknown"}
-    heads = att["heads"] or 0
-    if att["kind"] == "mla":
-        nope, rope = att["qk_nope_head_dim"] or 0, att["qk_rope_head_dim"] or 0
-        v_dim, kv_rank, q_rank = att["v_head_dim"] or 0, att["kv_lora_rank"] or 0, att["q_lora_rank"]
-        q_proj = (
-            hidden * q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
-        )
-        attn = q_proj + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
-    else:
-        head_dim, kv_heads = att["head_dim"] or 0, att["kv_heads"] or heads
-        attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
-    linear = att.get("linear")
-    full_layers = layers
-    linear_params = 0
-    if linear and att["layer_types"]:
-        lin_count = att["layer_types"].get("linear_attention", 0)
-        full_layers = layers - lin_count
-        nk, nv = linear["key_heads"] or 0, linear["value_heads"] or 0
-        dk, dv = linear["key_head_dim"] or 0, linear["value_head_dim"] or 0
-        # q, k, v, z projections in, output projection back; small gates and conv weights ignored.
-        linear_params = lin_count * (hidden * (2 * nk * dk + 2 * nv * dv) + nv * dv * hidden)
-    attn_total = full_layers * attn + linear_params
-    embed = (vocab or 0) * hidden
-    lm_head = 0 if arch.get("tie_word_embeddings") else embed
-    dense_size = arch.get("intermediate_size") or 0
-    if moe is None:
-        mlp_total = layers * 3 * hidden * dense_size
-        total = embed + lm_head + attn_total + mlp_total
-        return {"total": total, "active": total, "attention_params": attn_total,
-                "note": "dense: every parameter is active"}
-    expert = 3 * hidden * (moe["expert_intermediate_size"] or 0)
-    moe_layers = moe["moe_layers"] if moe["moe_layers"] is not None else layers - moe["dense_prefix_layers"]
-    dense_layers = layers - moe_layers
-    shared = 3 * hidden * (moe["shared_expert_intermediate_size"] or 0)
-    router = hidden * moe["routed_experts"]
-    routed_total = moe_layers * moe["routed_experts"] * expert
-    routed_active = moe_layers * (moe["experts_per_token"] or 0) * expert
-    common = (
-        embed + lm_head + attn_total + dense_layers * 3 * hidden * dense_size + moe_layers * (shared + router)
-    )
-    return {
-        "total": common + routed_total,
-        "active": common + routed_active,
-        "routed_expert_params": routed_total,
-        # The plan's DP-attention arithmetic: attention weights are replicated on every attention-DP rank.
-        "attention_params": attn_total,
-        "note": "estimate from shapes; norms, biases and MTP layers not counted",
-    }
-
-
-def _scale_bits(quant):
-    """Bits of one group scale: NVFP4 keeps an FP8 (E4M3) scale per 16 weights and MXFP4 an E8M0 one per
-    32 (0.5 and 0.25 bit per weight); INT4 group quantization (compressed-tensors pack-quantized, AWQ)
-    keeps a 16-bit scale per group."""
-    names = " ".join(str(quant.get(k) or "") for k in ("method", "format")).lower()
-    return 8.0 if ("nvfp4" in names or "mxfp4" in names) else 16.0
+    pattern = arch.get("layer_pattern") or regen_model_size.layer_pattern(
+        text or {}, layers, range((arch["moe"] or {}).get("dense_prefix_layers") or 0, layers)
+        if arch.get("moe") else ())
+    counted = regen_model_size.count_parameters(arch, text or {}, config or {}, pattern)
+    if arch.get("moe") is None:
+        counted["note"] = "dense: every parameter is active"
+    return counted
 
 
 def estimate_weight_bytes(arch):
-    """Checkpoint size estimate when no safetensors metadata is readable."""
-    params = arch["parameters"]
+    """Checkpoint size estimate from config.json alone (regen_model_size.weight_bytes), when no safetensors
+    metadata is readable."""
+    detail = weight_estimate(arch)
+    return detail["bytes"] if detail else None
+
+
+def weight_estimate(arch):
+    """{bytes, scheme, reason, components}: the config-only weight size with its arithmetic, or None."""
+    params = arch.get("parameters") or {}
     if not params.get("total"):
         return None
     dtype_bytes = DTYPE_BYTES.get((arch.get("dtype") or "bfloat16").lower(), 2)
-    quant = arch.get("quantization")
-    if not quant or not quant.get("bits"):
-        return params["total"] * dtype_bytes
-    bits = quant["bits"] + (_scale_bits(quant) / quant["group_size"] if quant.get("group_size") else 0.0)
-    routed = params.get("routed_expert_params") or 0
-    ignores = " ".join(quant.get("ignores") or [])
-    # Compressed-tensors Kimi/DeepSeek checkpoints quantize only routed experts (attention, shared experts
-    # and dense MLPs are in the ignore list); otherwise every linear layer is quantized.
-    quantized = (
-        routed
-        if (routed and "attn" in ignores)
-        else params["total"] - 2 * arch["hidden_size"] * (arch["vocab_size"] or 0)
-    )
-    quantized = max(quantized, 0)
-    return int(quantized * bits / 8 + (params["total"] - quantized) * dtype_bytes)
+    total, breakdown = regen_model_size.weight_bytes(arch, params, dtype_bytes)
+    if total is None:
+        return None
+    return {"bytes": total, **breakdown}
 
 
 def kv_cache_bytes_per_token(arch, dtype_bytes=None):
@@ -479,7 +468,10 @@ def kv_cache_bytes_per_token(arch, dtype_bytes=None):
     if not layers:
         return None
     full_layers = layers
-    if att.get("layer_types") and "linear_attention" in att["layer_types"]:
+    if att.get("kv_layers") is not None:
+        # Hybrid layouts: only full and sliding-window attention layers keep a KV cache per token.
+        full_layers = att["kv_layers"]
+    elif att.get("layer_types") and "linear_attention" in att["layer_types"]:
         full_layers = layers - att["layer_types"]["linear_attention"]
     if att["kind"] == "mla":
         if att["kv_lora_rank"] is None:
@@ -556,6 +548,15 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
     if arch["attention"]["kind"] is None:
         warnings.append("config.json: num_attention_heads not found; attention kind unknown")
     arch["moe"] = _moe(r, num_layers)
+    moe_ids = arch["moe"].pop("_layer_ids") if arch["moe"] else []
+    pattern = regen_model_size.layer_pattern(text, num_layers, moe_ids)
+    arch["layer_pattern"] = pattern
+    if pattern and num_layers is None:
+        # Nemotron-3 Ultra writes its depth only as layers_block_type.
+        num_layers = arch["num_layers"] = len(pattern["mixer"])
+        warnings[:] = [w for w in warnings if "num_hidden_layers not found" not in w]
+    if pattern:
+        _apply_pattern(arch, pattern, r)
     arch["quantization"] = normalize_quantization(config, text, hf_quant_config)
     gen = generation_config if isinstance(generation_config, dict) else {}
     eos = []
@@ -579,10 +580,41 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
     for key in ("temperature", "top_p", "top_k", "max_new_tokens", "do_sample"):
         if key in gen and isinstance(gen[key], (int, float, bool)):
             arch["generation_defaults"][key] = gen[key]
-    arch["parameters"] = estimate_parameters(arch)
+    arch["parameters"] = estimate_parameters(arch, text, config)
+    arch["weight_estimate"] = weight_estimate(arch)
     arch["kv_cache_dtype"] = kv_cache_dtype(arch)
     arch["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(arch)
+    state, state_reason = regen_model_size.recurrent_state_bytes(arch, text, pattern)
+    arch["recurrent_state_bytes_per_request"] = state or None
+    if state_reason:
+        arch["recurrent_state_reason"] = state_reason
     return arch
+
+
+_PATTERN_NAMES = {"A": "full_attention", "S": "sliding_attention", "L": "linear_attention", "M": "mamba",
+                  "-": "mlp_only"}
+
+
+def _apply_pattern(arch, pattern, r):
+    """Layer counts from the layer pattern: which layers keep a KV cache, how many hold experts."""
+    att = arch["attention"]
+    if pattern["source"] != "layer_types" and (set(pattern["mixer"]) - {"A"}):
+        counts = {}
+        for char in pattern["mixer"]:
+            counts[_PATTERN_NAMES[char]] = counts.get(_PATTERN_NAMES[char], 0) + 1
+        att["layer_types"] = counts
+        if "L" in pattern["mixer"] and "linear" not in att:
+            kda = r.raw("linear_attn_config") if isinstance(r.raw("linear_attn_config"), dict) else {}
+            att["linear"] = {
+                "key_heads": r.int("linear_num_key_heads") or _as_int(kda.get("num_heads")),
+                "value_heads": r.int("linear_num_value_heads") or _as_int(kda.get("num_heads")),
+                "key_head_dim": r.int("linear_key_head_dim") or _as_int(kda.get("head_dim")),
+                "value_head_dim": r.int("linear_value_head_dim") or _as_int(kda.get("head_dim")),
+            }
+    att["kv_layers"] = pattern["mixer"].count("A") + pattern["mixer"].count("S")
+    if arch["moe"] and "E" in pattern["mlp"]:
+        arch["moe"]["moe_layers"] = pattern["mlp"].count("E")
+        arch["moe"]["dense_prefix_layers"] = pattern["mlp"].index("E")
 
 
 # --------------------------------------------------------------------------------------------------

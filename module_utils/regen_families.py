@@ -80,6 +80,14 @@ _ROWS = (
     # Kimi K2.5 / K2.6: a multimodal wrapper, the DeepSeek-V3 language model under text_config.
     Family("kimi_k25", "text_config", "deepseek_v3", "kimi_k2", "kimi_k2", "kimi-k2-thinking", "thinking",
            drafter_recipe=KIMI_DFLASH),
+    # Kimi K3: a `kimi_k3` wrapper over the hybrid `kimi_linear` language model (MLA on the layers of
+    # linear_attn_config.full_attn_layers, Kimi Delta Attention elsewhere, latent MoE); SGLang 0.5.23 ships
+    # `kimi_k3` reasoning and tool-call parsers (parser/reasoning_parser.py, function_call_parser.py). No
+    # SpecForge template and no published drafter yet; its template's thinking switch is not known here.
+    Family("kimi_k3", "text_config", "kimi_linear", "kimi_k3", "kimi_k3", None, None),
+    # The language model K3 nests (Kimi Linear's schema); a bare Kimi Linear checkpoint gets no parser
+    # until one is known to fit it.
+    Family("kimi_linear", None, None, None, None, None, None),
     # A reasoning parser is only planned when the tokenizer can think, so DeepSeek-V3 without R1's
     # tokens gets none; V3.1's template reads `thinking`.
     Family("deepseek_v3", None, None, "deepseek-r1", "deepseekv3", "deepseek-v3", "thinking"),

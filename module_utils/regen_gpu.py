@@ -272,3 +272,37 @@ def described(count, memory_per_gpu_bytes=None, compute_capability=None, source=
     facts = summarize(gpus, reason=f"{source}: not queried with nvidia-smi (no names, driver or topology)")
     facts["interconnect"] = None  # unknown, not "single": nothing was measured
     return facts
+
+
+# NCCL's peer-to-peer path hangs on the first all-reduce on PCIe-only Blackwell workstation cards unless
+# IOMMU/ACS are off on the host (NVIDIA/nccl#1999); without a measurement that is the safe default there.
+PCIE_BLACKWELL_NCCL_ENV = {"NCCL_P2P_DISABLE": "1"}
+
+
+def nccl_decision(gpu, processes, who="this process", default_env=None):
+    """(env, reason, source): the NCCL settings for `processes` GPU processes of one host talking over NCCL
+    (the SGLang server's TP ranks, the capture server's, the FSDP trainer's), from the GPU facts.
+
+    The provision-time measurement (`gpu.nccl_p2p`, regen.serving.p2p_probe) wins; without one, PCIe-only
+    sm_120 hosts get `default_env` (PCIE_BLACKWELL_NCCL_ENV unless given; {} opts out); elsewhere NCCL's
+    own defaults. One function, so that the server, the capture server and the trainer agree."""
+    gpu = gpu if isinstance(gpu, dict) else {}
+    if not processes or processes <= 1:
+        return {}, f"{who} runs one GPU process per host: no NCCL peer traffic to configure", "facts"
+    measured = gpu.get("nccl_p2p") if isinstance(gpu.get("nccl_p2p"), dict) else {}
+    if measured.get("measured"):
+        env = {str(k): str(v) for k, v in (measured.get("env") or {}).items()}
+        why = measured.get("reason") or "no reason recorded"
+        return env, f"{who}: measured at provision time: {why}", "measured"
+    capabilities = [c for c in gpu.get("compute_capabilities") or [] if isinstance(c, str)]
+    sm120 = any(c.startswith("12.") for c in capabilities)
+    not_measured = measured.get("reason") or "no measurement recorded (the provision stage takes one)"
+    default_env = PCIE_BLACKWELL_NCCL_ENV if default_env is None else default_env
+    if sm120 and gpu.get("interconnect") == "pcie" and default_env:
+        return dict(default_env), (
+            f"{who}: PCIe-only Blackwell (sm_120) GPUs: NCCL peer-to-peer hangs unless IOMMU/ACS are off "
+            f"(NVIDIA/nccl#1999), and P2P was not measured here ({not_measured})"), "default"
+    where = gpu.get("interconnect") or "interconnect unknown"
+    note = ("; sm_120 cards have no NVLink, so the provision-time P2P measurement decides on the host"
+            if sm120 else "")
+    return {}, f"{who}: NCCL's own defaults ({where}; P2P not measured: {not_measured}){note}", "default"

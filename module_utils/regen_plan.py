@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 
-from . import regen_budget, regen_simulator, regen_sweep
+from . import regen_budget, regen_estimate, regen_kernel_tables, regen_simulator, regen_sweep
 from .regen_attention_backends import backend_for_facts
-from .regen_config import DTYPE_BYTES
+from .regen_config import DTYPE_BYTES, kv_cache_bytes_per_token
 from .regen_families import THINKING_SWITCHES, family_of
+from .regen_gpu import nccl_decision
 
 GIB = 1024**3
 DEFAULTS = {
@@ -42,6 +43,10 @@ PLAN_KEYS = {
         "attention_backend",
         "attn_dp_size",
         "kv_capacity",
+        "quantization",
+        "moe_runner_backend",
+        "cuda_graph_max_bs",
+        "ep_risk",
         "sglang_args",
     ),
     "generation": (
@@ -64,6 +69,10 @@ PLAN_KEYS = {
         "vocab_size",
         "target_num_layers",
     ),
+    # The NCCL settings of every multi-GPU process the pipeline starts (regen_gpu.nccl_decision).
+    "nccl": ("serving", "capture", "training"),
+    # How long generation and capture take and the disk the run needs (module_utils/regen_estimate.py).
+    "estimate": ("run",),
     # The run's one length budget (module_utils/regen_budget.py): generation max_tokens, the server's
     # context length, tokenize/capture/training max_length and the evaluation prompt length read it.
     "length": (
@@ -231,6 +240,17 @@ class _Planner:
         return {"value": None, "reason": reason, "unknown": True, "remedy": why["remedy"]}
 
 
+def tp_dividing_heads(needed, heads):
+    """The smallest TP size of at least `needed` GPUs that divides the attention heads (SGLang shards
+    heads evenly over TP ranks: Kimi K3's 96 heads take TP 96 or 48, never 64); powers of two first."""
+    if not needed or not heads:
+        return None
+    for candidate in [2 ** k for k in range(0, 12)] + list(range(1, heads + 1)):
+        if candidate >= needed and heads % candidate == 0:
+            return candidate
+    return None
+
+
 def _kv_bytes_per_gpu(arch, tokens, tp):
     per_token = arch.get("kv_cache_bytes_per_token")
     if not per_token:
@@ -244,14 +264,14 @@ def _kv_bytes_per_gpu(arch, tokens, tp):
     return total * max(1, kv_heads // tp) / kv_heads
 
 
-def _plan_mem_fraction(arch, gpu, planner):
-    """serving.mem_fraction_static: on GPUs 1 - the stated margin per GPU (regen_budget.memory_margin);
-    on CPU SGLang's usual share (it bounds nothing there)."""
+def _plan_mem_fraction(arch, gpu, planner, graph_bs=None):
+    """serving.mem_fraction_static: on GPUs 1 - the stated margin per GPU (regen_budget.memory_margin,
+    with the planned decode CUDA-graph batch); on CPU SGLang's usual share (it bounds nothing there)."""
     count = (gpu or {}).get("count") or 0
     per_gpu = (gpu or {}).get("memory_per_gpu_bytes") or 0
     if count and per_gpu:
         mla = (arch.get("attention") or {}).get("kind") == "mla"
-        margin, margin_reason = regen_budget.memory_margin(per_gpu, count, mla)
+        margin, margin_reason = regen_budget.memory_margin(per_gpu, count, mla, graph_bs)
         fraction, fraction_reason = regen_budget.mem_fraction_static(per_gpu, margin)
         return planner.pick("serving", "mem_fraction_static", fraction, f"{margin_reason}; {fraction_reason}")
     return planner.pick(
@@ -262,31 +282,48 @@ def _plan_mem_fraction(arch, gpu, planner):
     )
 
 
-def _plan_kv_cache_dtype(arch, device, planner):
-    """serving.kv_cache_dtype: the checkpoint's declared KV format, named on the command line so that the
-    server's pool holds what the arithmetic counts (SGLang's `auto` follows only ModelOpt's declaration);
-    null (flag off: the model's dtype) when none is declared."""
+_KV_DTYPE_BYTES = {"fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1, "bf16": 2, "bfloat16": 2, "nvfp4": 0.5,
+                   "fp4_mx_block16": 0.5}
+
+
+def _plan_kv_cache_dtype(arch, device, backend, planner):
+    """serving.kv_cache_dtype: from the (attention backend, KV dtype) table (regen_kernel_tables): the
+    checkpoint's declared KV format where the backend reads it natively, bf16 where it does not (FlashInfer
+    MLA); null (flag off: the model's dtype) when nothing is declared. Returns (entry, bytes per element)."""
     declared = (arch.get("quantization") or {}).get("kv_cache")
     if device == "cpu":
-        value, reason = None, "no GPU: SGLang's CPU backend keeps the model's dtype"
-    elif declared:
-        value = declared["dtype"]
-        reason = (f"the checkpoint declares a {value} KV cache ({declared['declared']}): named so the pool "
-                  f"holds {declared['bytes']:g} B per element as the memory arithmetic counts")
+        entry = planner.pick("serving", "kv_cache_dtype", None,
+                             "no GPU: SGLang's CPU backend keeps the model's dtype")
     else:
-        value = None
-        reason = f"no KV-cache format declared: SGLang keeps the model's dtype ({_kv_dtype_name(arch)})"
-    return planner.pick("serving", "kv_cache_dtype", value, reason)
+        kind = (arch.get("attention") or {}).get("kind")
+        chosen = regen_kernel_tables.choose_kv_dtype(backend, kind, declared)
+        reason = chosen["reason"]
+        if chosen["row"]:
+            reason += f" (KV dtype table row {chosen['row']}, sources: {'; '.join(chosen['sources'])})"
+        if chosen["value"] is None:
+            reason = f"{reason} ({_kv_dtype_name(arch)})"
+        entry = planner.pick("serving", "kv_cache_dtype", chosen["value"], reason)
+        entry["pair"] = [backend, entry["value"] or "auto"]
+        if entry["value"] != chosen["value"] and entry["value"] in chosen["avoid"]:
+            entry["reason"] += f"; warning: {chosen['avoid'][entry['value']]}"
+            planner.warnings.append(f"serving.kv_cache_dtype={entry['value']} with {backend}: "
+                                    f"{chosen['avoid'][entry['value']]}")
+    value = entry["value"]
+    if value is None:
+        return entry, None
+    return entry, _KV_DTYPE_BYTES.get(value)
 
 
 def _kv_dtype_name(arch):
     return (arch.get("kv_cache_dtype") or {}).get("dtype") or arch.get("dtype") or "bfloat16"
 
 
-def plan_serving(arch, gpu, planner, length=None):
+def plan_serving(arch, gpu, planner, length=None, graph=None):
+    """The serving section. `graph`: (decode CUDA-graph batch, reason) planned from the concurrency
+    (make_plan's second pass); its memory comes out of the margin, so the static share follows it."""
     section = {}
     count = (gpu or {}).get("count") or 0
-    mem_fraction = _plan_mem_fraction(arch, gpu, planner)
+    mem_fraction = _plan_mem_fraction(arch, gpu, planner, graph[0] if graph else None)
     kv_tokens = planner.pick(
         "serving",
         "kv_cache_tokens",
@@ -308,6 +345,17 @@ def plan_serving(arch, gpu, planner, length=None):
         section["attn_dp_size"] = planner.pick("serving", "attn_dp_size", 1, "no GPU: attention DP off")
         section["kv_capacity"] = planner.pick("serving", "kv_capacity", None, "no GPU memory to divide")
     else:
+        section["device"] = planner.pick("serving", "device", "cuda", f"{count} NVIDIA GPU(s) found")
+        # The (attention backend, KV dtype) pair first: the KV bytes per token the memory arithmetic below
+        # counts are those of the pool the line asks for, not of the checkpoint's declaration.
+        section["attention_backend"] = _plan_attention_backend(arch, gpu, section["device"]["value"], planner)
+        section["kv_cache_dtype"], kv_bytes = _plan_kv_cache_dtype(
+            arch, section["device"]["value"], section["attention_backend"]["value"], planner)
+        if kv_bytes and kv_bytes != (arch.get("kv_cache_dtype") or {}).get("bytes"):
+            value = section["kv_cache_dtype"]["value"]
+            arch = dict(arch, kv_cache_dtype={"dtype": value, "bytes": kv_bytes,
+                                              "source": "the plan's (attention backend, KV dtype) pair"})
+            arch["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(arch, kv_bytes)
         per_gpu = gpu.get("memory_per_gpu_bytes") or 0
         usable = per_gpu * mem_fraction["value"]
         chosen = None
@@ -319,7 +367,6 @@ def plan_serving(arch, gpu, planner, length=None):
                     chosen = (tp, need)
                     break
             tp *= 2
-        section["device"] = planner.pick("serving", "device", "cuda", f"{count} NVIDIA GPU(s) found")
         if weights is None:
             tp_value, fits = 1, None
             reason = "weight size unknown: start with one GPU per replica"
@@ -338,12 +385,14 @@ def plan_serving(arch, gpu, planner, length=None):
             kv = _kv_bytes_per_gpu(arch, kv_tokens["value"], largest)
             spare = usable - kv
             needed = math.ceil(weights / spare) if spare > 0 else None
-            needed_tp = 2 ** math.ceil(math.log2(needed)) if needed else None
+            needed_tp = tp_dividing_heads(needed, heads) if needed else None
+            tp_text = (f"TP{needed_tp}, which divides the {heads} attention heads" if needed_tp
+                       else f"more GPUs than TP can use over {heads} heads: add pipeline stages")
             tp_value, fits = largest, False
             reason = f"largest power of two that divides {heads} heads on {count} GPUs"
             fit_reason = (
                 f"does not fit: weights {_gib(weights)} need {needed if needed else 'more'} GPUs of "
-                f"{_gib(per_gpu)} (TP{needed_tp or '?'}) at mem fraction {mem_fraction['value']:.2f} with KV "
+                f"{_gib(per_gpu)} ({tp_text}) at mem fraction {mem_fraction['value']:.2f} with KV "
                 f"for {kv_tokens['value']} tokens; this host has {count} (use more GPUs, a smaller "
                 "quantization, or fewer KV tokens)"
             )
@@ -387,16 +436,25 @@ def plan_serving(arch, gpu, planner, length=None):
         if numbers is not None:
             numbers["margin_bytes"] = int(per_gpu * (1 - mem_fraction["value"]))
         section["memory"] = planner.pick("serving", "memory", numbers, memory_reason)
+        _plan_moe_kernels(section, arch, gpu, planner)
+        bs, bs_reason = graph or (regen_budget.default_graph_batch(per_gpu, count),
+                                  "SGLang's default decode graph batch for this GPU class (no concurrency "
+                                  "planned yet)")
+        section["cuda_graph_max_bs"] = planner.pick("serving", "cuda_graph_max_bs", bs, bs_reason)
     if count == 0:
         section["memory"] = planner.pick("serving", "memory", None, "no GPU memory to divide")
-    section["kv_cache_dtype"] = _plan_kv_cache_dtype(arch, section["device"]["value"], planner)
+        section["kv_cache_dtype"], _ = _plan_kv_cache_dtype(arch, "cpu", None, planner)
+        section["attention_backend"] = _plan_attention_backend(arch, gpu, "cpu", planner)
+        for key in ("quantization", "moe_runner_backend", "ep_risk"):
+            section[key] = planner.pick("serving", key, None, "no GPU: SGLang's GPU kernels do not apply")
+        section["cuda_graph_max_bs"] = planner.pick("serving", "cuda_graph_max_bs", None,
+                                                    "no GPU: no CUDA graphs")
     budget = plan_value((length or {}).get("budget"))
     section["context_length"] = planner.pick(
         "serving", "context_length", budget,
         f"the length budget (length.budget): {budget:,} tokens per request" if budget
         else "no length budget: the model's own maximum",
     )
-    section["attention_backend"] = _plan_attention_backend(arch, gpu, section["device"]["value"], planner)
     args = ["--tp-size", str(section["tp_size"]["value"])]
     if section["ep_size"]["value"] > 1:
         args += ["--ep-size", str(section["ep_size"]["value"])]
@@ -413,10 +471,37 @@ def plan_serving(arch, gpu, planner, length=None):
         args += ["--attention-backend", str(section["attention_backend"]["value"])]
     if section["kv_cache_dtype"]["value"]:
         args += ["--kv-cache-dtype", str(section["kv_cache_dtype"]["value"])]
+    for key, flag in (("quantization", "--quantization"), ("moe_runner_backend", "--moe-runner-backend"),
+                      ("cuda_graph_max_bs", "--cuda-graph-max-bs-decode")):
+        if section.get(key) and section[key]["value"]:
+            args += [flag, str(section[key]["value"])]
     if section["context_length"]["value"]:
         args += ["--context-length", str(section["context_length"]["value"])]
     section["sglang_args"] = planner.pick("serving", "sglang_args", args, "the values above as SGLang flags")
     return section
+
+
+def _plan_moe_kernels(section, arch, gpu, planner):
+    """serving.quantization / moe_runner_backend from the MoE table (regen_kernel_tables), and the known
+    risk of the planned expert parallelism on this GPU (serving.ep_risk)."""
+    capabilities = sorted({c for c in (gpu or {}).get("compute_capabilities") or [] if c})
+    cc = capabilities[0] if len(capabilities) == 1 else None
+    chosen = regen_kernel_tables.choose_moe(cc, arch)
+    reason = chosen["reason"]
+    if chosen["row"]:
+        reason += (f" (MoE table row {chosen['row']}, SGLang's own choice: {chosen['sglang_default']}; "
+                   f"sources: {'; '.join(chosen['sources'])})")
+    section["quantization"] = planner.pick("serving", "quantization", chosen["quantization"], reason)
+    section["moe_runner_backend"] = planner.pick("serving", "moe_runner_backend",
+                                                 chosen["moe_runner_backend"], reason)
+    runner = section["moe_runner_backend"]["value"]
+    if runner != chosen["moe_runner_backend"] and runner in chosen["avoid"]:
+        section["moe_runner_backend"]["reason"] += f"; warning: {chosen['avoid'][runner]}"
+        planner.warnings.append(f"serving.moe_runner_backend={runner}: {chosen['avoid'][runner]}")
+    risk = regen_kernel_tables.ep_risk(cc, section["ep_size"]["value"])
+    section["ep_risk"] = planner.pick("serving", "ep_risk", risk,
+                                      "known public failure of this layout on this GPU" if risk
+                                      else "no known public failure of this layout on this GPU")
 
 
 def _attention_weight_bytes(arch):
@@ -776,6 +861,79 @@ def plan_concurrency(serving, length, planner):
     return planner.pick("generation", "concurrency", value, reason)
 
 
+def plan_nccl(gpu, serving, planner):
+    """The `nccl` section: one decision (regen_gpu.nccl_decision) for the server's TP ranks, the capture
+    server's (it runs the target with the serving layout) and the FSDP trainer's (one rank per GPU)."""
+    count = (gpu or {}).get("count") or 0
+    tp = plan_value(serving.get("tp_size")) or 1
+    server_ranks = min(count, tp * (plan_value(serving.get("dp_size")) or 1))
+    section = {}
+    for key, ranks, who in (("serving", server_ranks, "the SGLang server's TP ranks"),
+                            ("capture", tp, "the capture server's ranks"),
+                            ("training", count, "the FSDP trainer's ranks (one per GPU)")):
+        env, reason, source = nccl_decision(gpu, ranks if count else 0, who)
+        section[key] = planner.pick("nccl", key, env, f"{reason} [{source}]")
+    return section
+
+
+def plan_estimate(architecture, plan, prompts, planner):
+    """estimate.run: generation and capture time and the run's disk (regen_estimate.run_estimate)."""
+    from .regen_drafter import hidden_state_bytes_per_token  # regen_drafter imports us
+
+    rows = None
+    if isinstance(prompts, dict):
+        rows = prompts.get("rows") or ((prompts.get("lengths") or {}).get("rows"))
+    drafter = plan.get("drafter") or {}
+    layers = plan_value(drafter.get("target_layer_ids"))
+    hidden = architecture.get("hidden_size")
+    per_token = hidden_state_bytes_per_token(hidden, len(layers)) if hidden and layers else None
+    entry = regen_estimate.run_estimate(architecture, plan, rows, per_token,
+                                        plan_value(drafter.get("num_draft_layers")))
+    return planner.pick("estimate", "run", entry["value"], entry["reason"])
+
+
+def refresh_estimate(plan, architecture, prompts=None, overrides=None):
+    """Recompute estimate.run after the serving section gained a throughput source (the simulator's
+    estimate or the sweep's measurement, which model_plan_info attaches after make_plan)."""
+    plan["estimate"] = {"run": plan_estimate(architecture, plan, prompts, _Planner(overrides))}
+    return plan
+
+
+# Public settings for Kimi K2.5 on 8x RTX PRO 6000 that the issue tracker quotes (regen issue 24): shown
+# beside the plan's own, which follow from its margin arithmetic.
+PUBLIC_SM120_SETTINGS = ("public recipes for Kimi K2.5 on 8x RTX PRO 6000 run --mem-fraction-static "
+                         "0.93-0.94 with --cuda-graph-max-bs 8-32")
+
+
+def _plan_graph_batch(architecture, gpu, overrides, length):
+    """(batch, reason) of the decode CUDA graphs, planned with the concurrency: a first pass plans the
+    concurrency with SGLang's default batch in the margin, the batch becomes that concurrency rounded up,
+    the smaller margin raises the static share, and the pass repeats until the batch holds (<= 4 rounds).
+    None without GPUs."""
+    count = (gpu or {}).get("count") or 0
+    per_gpu = (gpu or {}).get("memory_per_gpu_bytes") or 0
+    if not (count and per_gpu):
+        return None
+    over = ((overrides or {}).get("serving") or {}) if isinstance(overrides, dict) else {}
+    if over.get("cuda_graph_max_bs"):
+        return int(over["cuda_graph_max_bs"]), "set in inventory (model_facts_plan_overrides.serving)"
+    graph = None
+    for _round in range(4):
+        trial = _Planner(overrides)
+        serving = plan_serving(architecture, gpu, trial, length, graph)
+        pool = plan_value(serving.get("memory")) or {}
+        value, _why = regen_budget.concurrency(pool.get("tokens"), plan_value(length.get("budget")),
+                                               device=plan_value(serving.get("device")))
+        batch, reason = regen_budget.graph_batch_for(value, per_gpu, count)
+        if graph and graph[0] == batch:
+            break
+        graph = (batch, reason)
+    capabilities = {c for c in (gpu or {}).get("compute_capabilities") or [] if c}
+    if any(str(c).startswith("12.") for c in capabilities):
+        graph = (graph[0], f"{graph[1]}; {PUBLIC_SM120_SETTINGS}, beside the plan's")
+    return graph
+
+
 def make_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=None, length_budget=None):
     """The whole plan document: {serving, generation, drafter, length, warnings}.
 
@@ -784,7 +942,8 @@ def make_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=No
     """
     planner = _Planner(overrides)
     length = plan_length(architecture, prompts, planner, length_budget)
-    serving = plan_serving(architecture, gpu, planner, length)
+    graph = _plan_graph_batch(architecture, gpu, overrides, length)
+    serving = plan_serving(architecture, gpu, planner, length, graph)
     generation = plan_generation(architecture, tokenizer, planner)
     generation["concurrency"] = plan_concurrency(serving, length, planner)
     plan = {
@@ -793,6 +952,8 @@ def make_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=No
         "drafter": plan_drafter(architecture, tokenizer, planner),
         "length": length,
     }
+    plan["nccl"] = plan_nccl(gpu, serving, planner)
+    plan["estimate"] = {"run": plan_estimate(architecture, plan, prompts, planner)}
     unknown = unknown_entries(plan)
     if unknown and isinstance(tokenizer, dict) and tokenizer.get("available") is False:
         # Only tokenizer facts that say they could not be read are a warning; a caller that passes none
@@ -823,7 +984,7 @@ def build_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=N
     The overrides are checked first (every unknown key named); then make_plan, then the layout sweep's
     measured layout when `sweep_report` is given (regen_sweep.apply_report: applied only when it was
     measured for this model, GPU count and backend), then the simulator's estimate beside the final
-    choice when `simulation` is given. Raises PlanInputError.
+    choice when `simulation` is given, and the run estimate again with either. Raises PlanInputError.
     """
     overrides = dict(overrides or {})
     errors = override_errors(overrides)
@@ -841,4 +1002,7 @@ def build_plan(architecture, tokenizer=None, gpu=None, overrides=None, prompts=N
         plan["serving"]["simulator_estimate"] = regen_simulator.plan_entry(
             simulation, plan_values(plan)["serving"]
         )
+    if sweep_report is not None or simulation is not None:
+        # The run estimate again, now with the measured layout or the simulator's throughput.
+        refresh_estimate(plan, architecture, prompts, overrides)
     return {"plan": plan, "plan_values": plan_values(plan), "plan_unknown": unknown_entries(plan)}

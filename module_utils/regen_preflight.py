@@ -359,23 +359,36 @@ def reachability_rows(endpoints):
     return rows
 
 
+# The plan's disk estimate (plan.estimate.run, regen_estimate.run_estimate) by the name preflight checks.
+ESTIMATE_DISK_KEYS = {
+    "completions": "completions_bytes",
+    "features": "features_bytes",
+    "checkpoints": "checkpoint_bytes",  # one resumable checkpoint: the newest is what a resume needs
+}
+
+
 def estimate_of(facts):
-    """The plan's run estimate, when the plan has one: (disk {name: bytes or None}, hours or None, reason)."""
+    """The plan's run estimate (`plan.estimate.run`), when the plan has one: (disk {name: bytes or None},
+    hours or None, reason). The hours are generation plus capture, the parts the plan estimates; training
+    time is measured by the train stage, not estimated, and the reason says so."""
     plan = (facts or {}).get("plan") or {}
-    estimate = plan.get("run_estimate") or plan.get("estimate")
-    if isinstance(estimate, dict) and "value" in estimate and isinstance(estimate["value"], dict):
-        estimate = estimate["value"]
+    entry = (plan.get("estimate") or {}).get("run") if isinstance(plan.get("estimate"), dict) else None
+    estimate = entry.get("value") if isinstance(entry, dict) and "value" in entry else entry
     if not isinstance(estimate, dict):
-        why = "the plan has no run estimate yet (introspect has not run, or its plan carries no run_estimate)"
+        why = "the plan has no run estimate yet (introspect has not run, or its plan carries no estimate.run)"
         return {}, None, why
-    disk = estimate.get("disk") or estimate.get("disk_bytes") or {}
-    if isinstance(disk, dict):
-        disk = {k: (v.get("bytes") if isinstance(v, dict) else v) for k, v in disk.items()}
-    hours = estimate.get("hours") or estimate.get("total_hours")
-    seconds = estimate.get("seconds") or estimate.get("total_seconds")
-    if hours is None and seconds is not None:
-        hours = float(seconds) / 3600
-    return disk, hours, "the plan's run_estimate"
+    raw = estimate.get("disk") or {}
+    disk = {name: raw.get(key) for name, key in ESTIMATE_DISK_KEYS.items()} if isinstance(raw, dict) else {}
+    parts = [estimate.get(step) or {} for step in ("generation", "capture")]
+    seconds = [p.get("seconds") for p in parts if isinstance(p, dict)]
+    if seconds and all(isinstance(v, (int, float)) for v in seconds):
+        hours = sum(seconds) / 3600
+        reason = "the plan's estimate.run: generation + capture (training time is measured, not estimated)"
+    else:
+        hours = None
+        why = [p.get("reason") or p.get("arithmetic") for p in parts if isinstance(p, dict)]
+        reason = "the plan's estimate.run has no time: " + "; ".join(w for w in why if w)
+    return disk, hours, reason
 
 
 def time_row(hours, reason):
@@ -403,11 +416,11 @@ def disk_needs(paths, facts, weights_missing_bytes, weights_reason):
                 "name": name,
                 "path": paths[name],
                 "bytes": None if value is None else int(value),
-                "source": f"the plan's run_estimate.disk.{name}"
+                "source": f"the plan's estimate.run disk.{ESTIMATE_DISK_KEYS[name]}"
                 if value is not None
                 else f"{reason}"
                 if not disk
-                else f"the plan's run_estimate has no disk.{name}",
+                else f"the plan's estimate.run has no disk.{ESTIMATE_DISK_KEYS[name]} ({reason})",
             }
         )
     return needs

@@ -20,6 +20,7 @@ import re
 
 from .regen_attention_backends import backend_for_facts
 from .regen_families import family_of
+from .regen_gpu import PCIE_BLACKWELL_NCCL_ENV, nccl_decision
 from .regen_net import is_loopback
 from .regen_plan import nested, plan_entry
 
@@ -42,11 +43,18 @@ ATTENTION_BACKENDS = (
     "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
     "ascend", "intel_xpu",
 )
+# SGLang 0.5.23 `--moe-runner-backend` choices (arg_groups/choices.py MOE_RUNNER_BACKEND_CHOICES).
+MOE_RUNNER_BACKENDS = (
+    "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "experimental_sgl_trtllm",
+    "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl",
+    "flashinfer_megamoe", "cutlass", "aiter", "marlin", "humming", "experimental_sgl_marlin", "lora_cutedsl",
+    "lora_triton", "lora_marlin", "hpc_ops", "megamoe", "intel_xpu",
+)
 # SGLang 0.5.23 `--kv-cache-dtype` choices (arg_groups/fields/model.py); the plan names one only when the
 # checkpoint declares its KV-cache format (the memory arithmetic counts that many bytes per element).
 KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-PCIE_BLACKWELL_ENV = {"NCCL_P2P_DISABLE": "1"}
+PCIE_BLACKWELL_ENV = PCIE_BLACKWELL_NCCL_ENV
 
 # Flags the role renders itself; passing them again through extra args would make the effective value
 # depend on argparse's last-wins order, so that is refused with the variable to use instead.
@@ -72,6 +80,9 @@ _RENDERED_FLAGS = {
     "--tool-call-parser": "sglang_server_tool_call_parser",
     "--context-length": "sglang_server_context_length",
     "--kv-cache-dtype": "sglang_server_kv_cache_dtype",
+    "--quantization": "model_facts_plan_overrides.serving.quantization",
+    "--moe-runner-backend": "model_facts_plan_overrides.serving.moe_runner_backend",
+    "--cuda-graph-max-bs-decode": "model_facts_plan_overrides.serving.cuda_graph_max_bs",
     "--mem-fraction-static": "sglang_server_mem_fraction_static",
     "--host": "sglang_server_host",
     "--port": "sglang_server_port",
@@ -403,6 +414,17 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
             f"SGLang {SGLANG_VERSION}'s --kv-cache-dtype choices: {', '.join(KV_CACHE_DTYPES)}; fix "
             "sglang_server_kv_cache_dtype (or model_facts_plan_overrides.serving.kv_cache_dtype)"
         )
+    # The MoE kernels, the quantization flag and the decode CUDA-graph batch the plan's tables chose
+    # (regen_kernel_tables, regen_budget.graph_batch_for); absent from the plan, SGLang decides.
+    for key in ("quantization", "moe_runner_backend", "cuda_graph_max_bs"):
+        settings.pick(key, settings.serving, fallback=None, fallback_reason="SGLang's own choice")
+    runner = settings.table["moe_runner_backend"]["value"]
+    if runner and runner not in MOE_RUNNER_BACKENDS:
+        raise ServingPlanError(
+            f"moe_runner_backend {runner!r} is not one of SGLang {SGLANG_VERSION}'s --moe-runner-backend "
+            f"choices: {', '.join(MOE_RUNNER_BACKENDS)}; fix "
+            "model_facts_plan_overrides.serving.moe_runner_backend"
+        )
     settings.pick("mem_fraction_static", settings.serving, fallback=None,
                   fallback_reason="SGLang's own default")
     settings.pick("trust_remote_code", settings.serving, fallback=True,
@@ -435,6 +457,11 @@ def _plan_sglang(spec, settings, model_path, python, host, port, served_name, wa
         argv += ["--context-length", str(_int_setting(settings, "context_length"))]
     if kv_dtype:
         argv += ["--kv-cache-dtype", str(kv_dtype)]
+    if device == "cuda":
+        for key, flag in (("quantization", "--quantization"), ("moe_runner_backend", "--moe-runner-backend"),
+                          ("cuda_graph_max_bs", "--cuda-graph-max-bs-decode")):
+            if settings.table[key]["value"]:
+                argv += [flag, str(settings.table[key]["value"])]
     fraction = settings.table["mem_fraction_static"]["value"]
     if fraction is not None:
         try:
@@ -540,26 +567,13 @@ def _gpu_env(spec, settings, per_node):
         env["TORCH_CUDA_ARCH_LIST"] = ";".join(sorted(set(capabilities)))
         settings._set("torch_cuda_arch_list", env["TORCH_CUDA_ARCH_LIST"], "facts",
                       "the GPUs' compute capabilities, so JIT-compiled kernels target them")
-    measured = gpu.get("nccl_p2p") if isinstance(gpu.get("nccl_p2p"), dict) else {}
-    if measured.get("measured") and per_node > 1:
-        # Provisioning measured P2P on this host (regen.serving.p2p_probe): that beats any assumption.
-        decided = {str(k): str(v) for k, v in (measured.get("env") or {}).items()}
-        env.update(decided)
-        settings._set("nccl_env", decided, "facts",
-                      f"measured at provision time: {measured.get('reason') or 'no reason recorded'}")
-        return env
-    pcie_blackwell = (gpu.get("interconnect") == "pcie" and per_node > 1
-                      and any(c.startswith("12.") for c in capabilities))
     extra = spec.get("pcie_blackwell_env")
-    if extra is None:
-        extra = PCIE_BLACKWELL_ENV
-    if pcie_blackwell and extra:
-        env.update({str(k): str(v) for k, v in extra.items()})
-        not_measured = measured.get("reason") or "no measurement recorded (the provision stage takes one)"
-        settings._set("nccl_env", dict(extra), "facts",
-                      "PCIe-only Blackwell (sm_120) GPUs: NCCL peer-to-peer hangs unless IOMMU/ACS are off "
-                      f"(NVIDIA/nccl#1999), and P2P was not measured here ({not_measured}); set "
-                      "sglang_server_pcie_blackwell_environment: {} once P2P works")
+    decided, reason, source = nccl_decision(gpu, per_node, "the SGLang server's TP ranks", extra)
+    if decided or source == "measured":
+        env.update(decided)
+        settings._set("nccl_env", decided, "facts", reason
+                      + ("; set sglang_server_pcie_blackwell_environment: {} once P2P works"
+                         if source == "default" else ""))
     return env
 
 

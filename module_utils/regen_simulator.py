@@ -208,6 +208,15 @@ def parse_best_configs(text):
     return rows
 
 
+def simulation_from_csv(text):
+    """What layout_simulation_info returns, from a `best_config_topn.csv` aiconfigurator already wrote (an
+    operator's own run, given to `regen facts --simulation-csv`)."""
+    rows = parse_best_configs(text)
+    first = rows[0] if rows else {}
+    return {"covered": True, "system": first.get("system"), "isl": first.get("isl"), "osl": first.get("osl"),
+            "candidates": rows, "tool": f"{TOOL} {first.get('perf_db_version') or VERSION} (given CSV)"}
+
+
 def failure_reason(output):
     """The line of aiconfigurator's output that says why it gave no answer (its last error)."""
     lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
@@ -275,4 +284,10 @@ def plan_entry(simulation, serving_values):
         )
     else:
         reason = f"{TOOL} found no layout within its default latency limits for this budget"
+    risk = (serving_values or {}).get("ep_risk")
+    if risk:
+        # The simulator ranks speed, not correctness: a layout public reports saw answer garbage on this GPU
+        # is shown beside the ranking (the quality gate and the sweep decide it on the host).
+        value["ep_risk"] = risk
+        reason += f"; risk of the plan's layout: {risk}"
     return {"value": value, "reason": reason}

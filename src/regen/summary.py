@@ -87,6 +87,11 @@ def model_lines(facts: Record) -> list[tuple[str, str]]:
             f"{how}; max_tokens {length.get('max_tokens')} per turn); "
             f"{generation.get('concurrency')} requests in flight",
         ))
+    # The run estimate (module_utils/regen_estimate.py), with its arithmetic, as the plan recorded it.
+    run = ((plan.get("estimate") or {}).get("run") or {}) if isinstance(plan.get("estimate"), dict) else {}
+    if isinstance(run, dict) and run.get("reason"):
+        for part in str(run["reason"]).split("; disk, "):
+            rows.append(("estimate", part))
     return rows
 
 

@@ -129,3 +129,26 @@ def test_the_flag_check_can_fail(flags: dict) -> None:
     with zipfile.ZipFile(sglang_flags.wheel()) as archive:
         plain = sglang_flags.flag_table(archive.read("sglang/srt/server_args.py").decode())
     assert "--enable-spec-capture" not in plain and "--skip-tokenizer-init" in plain
+
+
+def test_the_kimi_k26_nvfp4_capture_line_on_sm120_names_the_moe_kernels_0_5_14_needs(flags: dict) -> None:
+    # SGLang 0.5.14 (the capture server) picks flashinfer_cutlass for NVFP4 experts on sm_120 only when
+    # --quantization modelopt_fp4 is on the line (server_args.py _handle_moe_kernel_config); its `auto`
+    # otherwise resolves to the SM100-only trtllm-gen kernels. The real K2.6 NVFP4 config, planned live.
+    from ansible.module_utils.regen_config import read_model_dir
+    from ansible.module_utils.regen_gpu import described
+    from ansible.module_utils.regen_plan import make_plan
+
+    arch = read_model_dir(str(ROOT / "tests" / "fixtures" / "configs" / "kimi-k2.6-nvfp4"))
+    gpu = dict(described(8, 97887 * 1024**2, "12.0"), interconnect="pcie")
+    facts = {"architecture": arch, "environment": {"gpu": gpu},
+             "plan": make_plan(arch, {"think_tokens": ["<think>"]}, gpu)}
+    spec = dict(CASES["kimi-k2.6-capture-ep8"], facts=facts, model_path="/root/models/Kimi-K2.6-NVFP4")
+    plan = regen_serving.plan_server(spec)
+    argv = plan["argv"]
+    assert argv[argv.index("--quantization") + 1] == "modelopt_fp4"
+    assert argv[argv.index("--moe-runner-backend") + 1] == "flashinfer_cutlass"
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "bf16"
+    assert sglang_flags.problems(argv[3:], flags) == []
+    # The NCCL decision reaches the capture server's environment too (PCIe-only sm_120, not measured).
+    assert plan["env"]["NCCL_P2P_DISABLE"] == "1"

@@ -196,11 +196,20 @@ def test_a_compressed_tensors_fp8_kv_scheme_is_read_too() -> None:
     for scope in (config, config["text_config"]):  # the print carries it at both levels
         scope["quantization_config"]["kv_cache_scheme"] = fp8
     arch = normalize_config(config)
+    arch["weight_bytes"] = arch["weight_estimate"]["bytes"]
     # 61 x (512 + 64) x 1 B = 35,136: half of the bf16 cache
     assert arch["kv_cache_dtype"]["dtype"] == "fp8_e4m3" and arch["kv_cache_bytes_per_token"] == 35136
-    plan = make_plan(arch, None, rtx_pro_6000())
+    plan = make_plan(arch, None, b200())  # trtllm_mla reads an FP8 cache natively: the declaration holds
     assert plan["serving"]["kv_cache_dtype"]["value"] == "fp8_e4m3"
     assert "kv_cache_scheme {type: float, num_bits: 8}" in plan["serving"]["kv_cache_dtype"]["reason"]
+    assert plan["serving"]["memory"]["value"]["kv_bytes_per_token"] == 35136
+    # On sm_120 the backend is FlashInfer MLA, which casts the cache to bf16 at every step: the pair table
+    # names bf16 and the pool arithmetic counts 2 B, with the declaration named as not used.
+    plan = make_plan(arch, None, rtx_pro_6000())
+    entry = plan["serving"]["kv_cache_dtype"]
+    assert (entry["value"], entry["pair"]) == ("bf16", ["flashinfer", "bf16"])
+    assert "declares fp8_e4m3" in entry["reason"] and "flashinfer-mla-bf16" in entry["reason"]
+    assert plan["serving"]["memory"]["value"]["kv_bytes_per_token"] == 70272
 
 
 # --- weight bytes: the index's total_size first, the config estimate as a fallback -------------------
@@ -222,15 +231,23 @@ def test_weight_bytes_come_from_the_index_and_the_estimate_counts_nvfp4_scales_r
 
 
 def test_the_margin_and_fraction_on_rtx_pro_6000_for_an_mla_model() -> None:
+    # SGLang's own estimate for 97,887 MiB per GPU (the 90-160 GiB class at TP8: 8,192 chunked-prefill
+    # tokens, decode graphs of 512): 512 + 1.5 x 8,192 + 2 x 512 + 1,024 x 8/8 + 1,536 (MLA) = 16,384 MiB
+    margin, _ = regen_budget.memory_margin(97887 * MIB, 8, mla=True)
+    assert margin == 16384 * MIB
     plan = make_plan(read_model_dir(str(CONFIGS / "kimi-k2.5")), None, rtx_pro_6000())
+    # The plan captures decode graphs only up to its concurrency: 27 requests in flight (the first pass,
+    # with 512 graphs in the margin) -> a batch of 32; 512 + 12,288 + 2 x 32 + 1,024 + 1,536 = 15,424 MiB;
+    # 1 - 15,424 / 97,887 = 0.8424 -> 0.84
+    graphs = plan["serving"]["cuda_graph_max_bs"]
+    assert graphs["value"] == 32 and "planned concurrency 27 rounded up" in graphs["reason"]
+    assert "--cuda-graph-max-bs 8-32" in graphs["reason"]  # the public settings beside the plan's
     entry = plan["serving"]["mem_fraction_static"]
-    # 97,887 MiB per GPU (SGLang's 90-160 GiB class at TP8: 8,192 chunked-prefill tokens, decode graphs of
-    # 512): 512 + 1.5 x 8,192 + 2 x 512 + 1,024 x 8/8 + 1,536 (MLA) = 16,384 MiB;
-    # 1 - 16,384 / 97,887 = 0.8326 -> 0.83
-    assert entry["value"] == 0.83
-    assert "= 16,384 MiB" in entry["reason"] and "1 - 16,384 MiB margin / 97,887 MiB per GPU = 0.8326" in (
-        entry["reason"]
-    )
+    assert entry["value"] == 0.84
+    assert "2 MiB x 32 decode-graph batch" in entry["reason"]
+    assert "1 - 15,424 MiB margin / 97,887 MiB per GPU = 0.8424" in entry["reason"]
+    args = plan["serving"]["sglang_args"]["value"]
+    assert args[args.index("--cuda-graph-max-bs-decode") + 1] == "32"
 
 
 def test_the_margin_on_b200() -> None:
@@ -249,18 +266,20 @@ def test_the_kv_pool_and_concurrency_of_an_nvfp4_model_with_an_fp8_cache() -> No
     serving = plan["serving"]
     assert (serving["tp_size"]["value"], serving["dp_size"]["value"]) == (1, 8)
     memory = serving["memory"]["value"]
-    # margin 512 + 12,288 + 1,024 + 1,024 = 14,848 MiB (no MLA): 1 - 14,848 / 97,887 = 0.8483 -> 0.84;
-    # 97,887 MiB = 102,641,958,912 B x 0.84 = 86,219,245,486 usable - 42,709,045,632 weights (the index,
-    # TP1) = 43,510,199,854 B pool; / 163,840 B per token (FP8) = 265,565 tokens per replica, x 8 = 2,124,520
-    assert serving["mem_fraction_static"]["value"] == 0.84
+    # 256 requests in flight (capped) -> decode graphs of 256: margin 512 + 12,288 + 512 + 1,024 = 14,336
+    # MiB (no MLA): 1 - 14,336 / 97,887 = 0.8535 -> 0.85; 97,887 MiB = 102,641,958,912 B x 0.85 =
+    # 87,245,665,075 usable - 42,709,045,632 weights (the index, TP1) = 44,536,619,443 B pool; / 163,840 B
+    # per token (FP8) = 271,829 tokens per replica, x 8 = 2,174,632
+    assert serving["cuda_graph_max_bs"]["value"] == 256
+    assert serving["mem_fraction_static"]["value"] == 0.85
     assert memory["weight_bytes_source"] == "safetensors_index"
-    assert memory["kv_pool_bytes_per_gpu"] == 43510199854
-    assert (memory["tokens_per_rank"], memory["tokens"]) == (265565, 2124520)
+    assert memory["kv_pool_bytes_per_gpu"] == 44536619443
+    assert (memory["tokens_per_rank"], memory["tokens"]) == (271829, 2174632)
     assert "the safetensors index's total_size" in serving["memory"]["reason"]
-    assert "x 8 replicas = 2,124,520 tokens" in serving["memory"]["reason"]
-    # floor(2,124,520 / 5,934) = 358 requests would fit; capped at 256 per endpoint
+    assert "x 8 replicas = 2,174,632 tokens" in serving["memory"]["reason"]
+    # floor(2,174,632 / 5,934) = 366 requests would fit; capped at 256 per endpoint
     concurrency = plan["generation"]["concurrency"]
-    assert concurrency["value"] == 256 and "= 358, capped at 256" in concurrency["reason"]
+    assert concurrency["value"] == 256 and "= 366, capped at 256" in concurrency["reason"]
 
 
 def test_kimi_on_ct200_sizes_the_generation_job_to_its_kv_pool() -> None:
@@ -270,8 +289,8 @@ def test_kimi_on_ct200_sizes_the_generation_job_to_its_kv_pool() -> None:
     weights = arch["weight_bytes"]  # no index in the fixture: the config estimate, and the reason says so
     assert arch["weight_bytes_source"] == "estimate"
     assert "estimated from config.json (no weight index)" in plan["serving"]["memory"]["reason"]
-    # per GPU: 102,641,958,912 B x 0.83 - weights / 8 (EP8: experts split, MLA latent whole on each rank)
-    pool = int(102641958912 * 0.83 - weights / 8)
+    # per GPU: 102,641,958,912 B x 0.84 - weights / 8 (EP8: experts split, MLA latent whole on each rank)
+    pool = int(102641958912 * 0.84 - weights / 8)
     tokens = pool // 70272
     assert (memory["kv_pool_bytes_per_gpu"], memory["tokens"]) == (pool, tokens)
     # every request may grow to 5,934 tokens: floor(tokens / 5,934) in flight, far below the old 64 x ~5k

@@ -48,7 +48,8 @@ def test_memory_wins_then_the_file_then_nothing(tmp_path: Path) -> None:
     )
     assert first["source"] == "memory" and first["facts"] == memory
     assert first["plan_values"] == {
-        "serving": {}, "generation": {}, "drafter": {"block_size": 16}, "length": {}}
+        "serving": {}, "generation": {}, "drafter": {"block_size": 16}, "length": {}, "nccl": {},
+        "estimate": {}}
 
     assert second["source"] == str(path) and second["facts"]["architecture"] == {"num_layers": 61}
     # {value, reason} entries unwrapped, a bare value (an inventory override) kept as it is
@@ -57,7 +58,8 @@ def test_memory_wins_then_the_file_then_nothing(tmp_path: Path) -> None:
     assert second["plan_values"]["drafter"] == {} and second["changed"] is False
 
     assert none["source"] == "none" and none["facts"] == {}
-    assert none["plan_values"] == {"serving": {}, "generation": {}, "drafter": {}, "length": {}}
+    assert none["plan_values"] == {"serving": {}, "generation": {}, "drafter": {}, "length": {}, "nccl": {},
+                                   "estimate": {}}
 
 
 def test_a_broken_facts_file_fails_with_the_fix(tmp_path: Path) -> None:

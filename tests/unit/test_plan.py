@@ -234,7 +234,7 @@ def test_demo_model_on_cpu(request: pytest.FixtureRequest, tmp_path_factory: pyt
 def test_plan_entries_read_back_one_way() -> None:
     plan = make_plan(read_model_dir(str(FIXTURES / "kimi-k2.5")), None, _gpus(8), {"serving": {"tp_size": 4}})
     values = plan_values(plan)
-    assert set(values) == {"serving", "generation", "drafter", "length", "warnings"}
+    assert set(values) == {"serving", "generation", "drafter", "length", "nccl", "estimate", "warnings"}
     for section in ("serving", "generation", "drafter", "length"):
         assert values[section] == {key: entry["value"] for key, entry in plan[section].items()}
     assert values["serving"]["tp_size"] == 4 and values["warnings"] == plan["warnings"]

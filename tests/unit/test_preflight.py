@@ -11,6 +11,8 @@ from ansible.module_utils import regen_preflight as pf
 from ansible.module_utils.regen_gpu_requirements import stack_cuda_from_pins
 from ansible.module_utils.regen_venv import parse_lock
 
+from tests.helpers.nvidia_smi import parse_table
+
 ROOT = Path(__file__).resolve().parents[2]
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 PROXMOX = ROOT / "tests" / "fixtures" / "proxmox"
@@ -19,7 +21,7 @@ GIB = 1024**3
 
 
 def _facts(name: str) -> dict:
-    return regen_gpu.summarize(*regen_gpu.parse_table((SMI / name).read_text()))
+    return regen_gpu.summarize(*parse_table((SMI / name).read_text()))
 
 
 def _by_check(rows: list[dict]) -> dict[str, dict]:
@@ -111,14 +113,23 @@ def test_shm_and_memlock_on_gpu_hosts():
     assert row["verdict"] == "fail" and "lxc.prlimit.memlock" in row["fix"]
 
 
+def _estimate(disk=None, generation_s=None, capture_s=None):
+    """The shape of plan.estimate.run (regen_estimate.run_estimate's entry)."""
+    return {"plan": {"estimate": {"run": {"value": {
+        "disk": disk or {},
+        "generation": {"seconds": generation_s, "arithmetic": "generation arithmetic"},
+        "capture": {"seconds": capture_s, "arithmetic": "capture arithmetic"},
+    }, "reason": "test"}}}}
+
+
 def test_disk_needs_add_up_per_filesystem_and_unknowns_are_named():
-    facts = {"plan": {"run_estimate": {"disk": {"completions": 10 * GIB, "features": 600 * GIB}}}}
+    facts = _estimate({"completions_bytes": 10 * GIB, "features_bytes": 600 * GIB, "checkpoint_bytes": None})
     paths = {"weights": "/m", "completions": "/w", "features": "/w", "checkpoints": "/w"}
     needs = pf.disk_needs(paths, facts, 554 * GIB, "index")
     filesystems = {"/m": {"fs": 1, "free": 1000 * GIB}, "/w": {"fs": 2, "free": 500 * GIB}}
     rows = _by_check(pf.disk_rows(needs, filesystems))
     assert rows["disk: checkpoints"]["verdict"] == "warn"
-    assert "run_estimate has no disk.checkpoints" in rows["disk: checkpoints"]["need"]
+    assert "estimate.run has no disk.checkpoint_bytes" in rows["disk: checkpoints"]["need"]
     assert rows["disk: weights"]["verdict"] == "ok"
     total = rows["disk: completions + features"]
     assert total["verdict"] == "fail" and "110.0 GiB short" in total["fix"]
@@ -162,5 +173,20 @@ def test_ports_and_reachability_rows():
 def test_time_estimate_is_unknown_without_a_plan_estimate():
     _, hours, reason = pf.estimate_of({})
     assert pf.time_row(hours, reason)["verdict"] == "warn"
-    _, hours, reason = pf.estimate_of({"plan": {"run_estimate": {"value": {"seconds": 7200}}}})
-    assert pf.time_row(hours, reason)["value"] == "2.0 h"
+    _, hours, reason = pf.estimate_of(_estimate(generation_s=5400, capture_s=1800))
+    assert pf.time_row(hours, reason)["value"] == "2.0 h" and "training time is measured" in reason
+    _, hours, reason = pf.estimate_of(_estimate(generation_s=None, capture_s=1800))
+    assert hours is None and "generation arithmetic" in reason
+
+
+def test_the_estimate_of_a_real_plan_reaches_the_disk_rows():
+    """Kimi K2.6 NVFP4 (the wheel's config) planned for CT200 with 100,000 prompts: the plan's features
+    estimate is what the features row needs; the completions size needs the prompt set's statistics."""
+    from ansible.module_utils.regen_config import read_model_dir
+    from ansible.module_utils.regen_plan import make_plan
+
+    arch = read_model_dir(str(ROOT / "tests" / "fixtures" / "configs" / "kimi-k2.6-nvfp4"))
+    plan = make_plan(arch, None, regen_gpu.described(8, 97887 * 1024**2, "12.0"), prompts={"rows": 100_000})
+    disk, hours, reason = pf.estimate_of({"plan": plan})
+    assert disk["features"] == plan["estimate"]["run"]["value"]["disk"]["features_bytes"] > 0
+    assert disk["completions"] is None and hours is None and "no time" in reason

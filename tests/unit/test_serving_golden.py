@@ -128,9 +128,15 @@ def test_the_model_facts_plan_drives_the_launch_line():
     assert (_flag(argv, "--tp-size"), _flag(argv, "--ep-size")) == ("8", "8")
     assert _flag(argv, "--reasoning-parser") == _flag(argv, "--tool-call-parser") == "kimi_k2"
     # The static share keeps the stated margin free: 96e9 B = 91,553 MiB per GPU (SGLang's < 90 GiB class:
-    # 8,192 chunked-prefill tokens, decode graphs of 512 at TP8), margin 512 + 1.5 x 8,192 + 2 x 512 +
-    # 1,024 x 8/8 + 1,536 (MLA) = 16,384 MiB; 1 - 16,384 / 91,553 = 0.8210 -> 0.82.
-    assert _flag(argv, "--mem-fraction-static") == "0.82"
+    # 8,192 chunked-prefill tokens at TP8), decode graphs only up to the planned concurrency (16), margin
+    # 512 + 1.5 x 8,192 + 2 x 16 + 1,024 x 8/8 + 1,536 (MLA) = 15,392 MiB;
+    # 1 - 15,392 / 91,553 = 0.8319 -> 0.83.
+    assert _flag(argv, "--mem-fraction-static") == "0.83"
+    assert _flag(argv, "--cuda-graph-max-bs-decode") == "16"
+    # INT4 (compressed-tensors W4A16) experts off sm_100: the MoE table's Marlin; the quantization flag is
+    # left to the checkpoint. FlashInfer MLA reads a bf16 cache (the KV dtype table).
+    assert _flag(argv, "--moe-runner-backend") == "marlin" and "--quantization" not in argv
+    assert _flag(argv, "--kv-cache-dtype") == "bf16"
     # The context length is the plan's length budget: no prompt statistics, so 2,048 assumed prompt tokens
     # + 1 turn x (4,096 max_tokens + 8 template tokens) = 6,152.
     assert _flag(argv, "--context-length") == "6152"

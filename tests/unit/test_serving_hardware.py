@@ -67,7 +67,22 @@ CASES = [
     ("kimi-k2.5-int4-8x-sm90", "kimi-k2.5", True, "sm90", 8, "fa3"),
     ("deepseek-v3-8x-sm90", "deepseek-v3", False, "sm90", 8, "fa3"),
     ("qwen3-8b-1x-sm90", "qwen3-8b", True, "sm90", 1, "fa3"),
+    # The real Kimi K2.6 NVFP4 config (and its hf_quant_config.json) from the pinned aiconfigurator-core
+    # wheel (tests/fixtures/configs/README.md names the file and its sha256).
+    ("kimi-k2.6-nvfp4-8x-sm120", "kimi-k2.6-nvfp4", True, "sm120", 8, "flashinfer"),
+    ("kimi-k2.6-nvfp4-8x-sm100", "kimi-k2.6-nvfp4", True, "sm100", 8, "trtllm_mla"),
+    ("kimi-k2.6-nvfp4-8x-sm90", "kimi-k2.6-nvfp4", True, "sm90", 8, "fa3"),
 ]
+# (case) -> (--quantization, --moe-runner-backend, --kv-cache-dtype) the MoE and KV dtype tables name
+# (module_utils/regen_kernel_tables.py); None: the flag stays off.
+KERNELS = {
+    "kimi-k2.6-nvfp4-8x-sm120": ("modelopt_fp4", "flashinfer_cutlass", "bf16"),
+    "kimi-k2.6-nvfp4-8x-sm100": ("modelopt_fp4", "flashinfer_trtllm", "fp8_e4m3"),
+    "kimi-k2.6-nvfp4-8x-sm90": ("modelopt_fp4", "marlin", "fp8_e4m3"),
+    "kimi-k2.5-int4-8x-sm120": (None, "marlin", "bf16"),
+    "kimi-k2.5-int4-8x-sm100": (None, "flashinfer_trtllm", None),
+    "kimi-k2.5-int4-8x-sm90": (None, "marlin", None),
+}
 
 
 def gpu_facts(generation: str, count: int) -> dict:
@@ -178,9 +193,17 @@ def test_every_golden_line_parses_with_sglangs_parser_and_means_the_plan(sglang_
         assert values["attention_backend"] == settings["attention_backend"] == case[5]
         for key in ("tp_size", "ep_size", "dp_size", "attn_dp_size", "context_length"):
             assert values[key] == settings[key], (case[0], key)
-        # The declared FP8 KV cache of the NVFP4 checkpoint reaches SGLang; the others keep its `auto`.
+        # The KV dtype of the (backend, KV dtype) table reaches SGLang: the NVFP4 checkpoints' declared FP8
+        # where the backend reads it natively, bf16 under FlashInfer MLA (sm_120), else SGLang's `auto`.
         assert values["kv_cache_dtype"] == (settings["kv_cache_dtype"] or "auto"), case[0]
-        assert values["kv_cache_dtype"] == ("fp8_e4m3" if "nvfp4" in case[0] else "auto"), case[0]
+        if "llama-70b-nvfp4" in case[0]:
+            assert values["kv_cache_dtype"] == "fp8_e4m3", case[0]
+        quantization, runner, kv = KERNELS.get(case[0], (None, settings.get("moe_runner_backend"), None))
+        if case[0] in KERNELS:
+            assert values["kv_cache_dtype"] == (kv or "auto"), case[0]
+        assert values["quantization"] == quantization == settings["quantization"], case[0]
+        assert values["moe_runner_backend"] == (runner or "auto"), case[0]
+        assert values["cuda_graph_max_bs_decode"] == settings["cuda_graph_max_bs"], case[0]
         assert values["mem_fraction_static"] == pytest.approx(settings["mem_fraction_static"])
         assert values["reasoning_parser"] == settings["reasoning_parser"]
         assert values["tool_call_parser"] == settings["tool_call_parser"]

@@ -181,6 +181,8 @@ def _facts_of_model_dir(args: argparse.Namespace, console: Console) -> int:
         memory_gib=args.gpu_memory_gib,
         capability=args.compute_capability,
         tokenizer_mode=args.tokenizer_mode,
+        prompt_rows=getattr(args, "prompt_rows", None),
+        simulation_csv=getattr(args, "simulation_csv", None),
     )
     if args.json:
         print(json.dumps(facts, indent=1, default=str))

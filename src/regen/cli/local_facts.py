@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from regen.module_utils import regen_config, regen_gpu, regen_plan, regen_tokenizer
+from regen.module_utils import regen_config, regen_gpu, regen_plan, regen_simulator, regen_tokenizer
 from regen.runner import BadInput
 
 GIB = 1024**3
@@ -49,12 +49,15 @@ def local_facts(
     overrides: Mapping[str, Any] | None = None,
     sweep_report: Mapping[str, Any] | None = None,
     backend: str | None = None,
+    prompt_rows: int | None = None,
+    simulation_csv: str | Path | None = None,
 ) -> dict[str, Any]:
     """The facts document (the introspect stage's shape) of `model_path` for the GPUs described.
 
-    The plan comes from `build_plan` with what this machine has: no simulator run, and the layout sweep's
-    report only when given (it is applied only when it was measured for this model, GPU count and
-    backend), exactly as the introspect stage leaves out what it does not have.
+    The plan comes from `build_plan` with what this machine has: the simulator's ranking and the layout
+    sweep's report only when given (the report is applied only when it was measured for this model, GPU
+    count and backend), exactly as the introspect stage leaves out what it does not have. `prompt_rows`
+    sizes the run estimate (no length statistics here).
     """
     check_gpu_spec(gpus, memory_gib, capability)
     if tokenizer_mode not in TOKENIZER_MODES:
@@ -70,10 +73,21 @@ def local_facts(
         raise BadInput(str(exc)) from None
     memory = int(memory_gib * GIB) if memory_gib else None
     gpu = regen_gpu.described(gpus or 0, memory, capability, source="given on the command line")
+    if prompt_rows is not None and prompt_rows < 1:
+        raise BadInput(f"--prompt-rows {prompt_rows}: give the number of prompts the run regenerates")
+    simulation = None
+    if simulation_csv:
+        # An aiconfigurator ranking the operator ran: beside the plan's layout, and the estimate's throughput.
+        try:
+            simulation = regen_simulator.simulation_from_csv(Path(simulation_csv).read_text())
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"--simulation-csv {simulation_csv}: {exc}") from None
     try:
         built = regen_plan.build_plan(
             architecture, tokenizer, gpu, dict(overrides or {}),
+            prompts={"rows": prompt_rows} if prompt_rows else None,
             sweep_report=dict(sweep_report) if sweep_report is not None else None, backend=backend,
+            simulation=simulation,
         )
     except regen_plan.PlanInputError as exc:
         raise BadInput(str(exc)) from None

@@ -189,6 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --model-path: the GPUs' compute capability, e.g. 12.0 (RTX PRO 6000), 10.0 (B200), 9.0",
     )
     p_facts.add_argument(
+        "--prompt-rows",
+        type=int,
+        metavar="N",
+        help="with --model-path: the number of prompts the run will regenerate, for the run estimate "
+        "(the prompts stage's manifest gives it in a real run)",
+    )
+    p_facts.add_argument(
+        "--simulation-csv",
+        metavar="FILE",
+        help="with --model-path: an aiconfigurator best_config_topn.csv for these GPUs, shown beside the "
+        "plan's layout and used for the run estimate's throughput",
+    )
+    p_facts.add_argument(
         "--tokenizer-mode",
         choices=("raw_files", "auto", "library"),
         default="raw_files",

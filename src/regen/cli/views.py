@@ -494,6 +494,7 @@ def plan_headline(facts: Mapping[str, Any]) -> Group:
     if ", sources: " in why:  # the table row's sources are in the plan table above
         why = why.split(", sources: ")[0] + ")"
     lines.append(Text(f"  attention backend: {value('serving', 'attention_backend')} ({_short(why, 300)})"))
+    lines.extend(_kernel_and_memory_lines(facts, plan, value))
     length, where, reason = planned_context_length(plan)
     if where:
         why = f": {reason}" if reason else ""
@@ -526,6 +527,59 @@ def plan_headline(facts: Mapping[str, Any]) -> Group:
     for warning in ([f"vocabulary: {vocab}"] if vocab else []) + warnings:
         lines.append(Text(f"  warning: {warning}", style="yellow"))
     return Group(*lines)
+
+
+def _why(entry: Any, limit: int = 240) -> str:
+    reason = str(entry.get("reason") or "") if isinstance(entry, Mapping) else ""
+    return _short(reason.split(" (MoE table row")[0].split(" (KV dtype table row")[0], limit)
+
+
+def _kernel_and_memory_lines(facts: Mapping[str, Any], plan: Mapping[str, Any], value: Any) -> list[Text]:
+    """Weights, KV pool and concurrency; the MoE kernels and (backend, KV dtype) pair from the tables; the
+    CUDA graphs; the NCCL decision per process; the run estimate (each only when the plan has it)."""
+    serving = plan.get("serving") or {}
+    arch = facts.get("architecture") or {}
+    lines = []
+    memory = serving.get("memory")
+    memory = memory.get("value") if isinstance(memory, Mapping) else None
+    if arch.get("weight_bytes"):
+        text = (f"  weights: {arch['weight_bytes'] / 2**30:,.1f} GiB ({arch.get('weight_bytes_source')}"
+                + (f": {(arch.get('weight_estimate') or {}).get('reason')}" if arch.get("weight_bytes_source")
+                   == "estimate" else "") + ")")
+        lines.append(Text(_short(text, 400)))
+    if isinstance(memory, Mapping):
+        lines.append(Text(
+            f"  KV pool: {memory.get('tokens'):,} tokens "
+            f"({memory.get('kv_pool_bytes_per_gpu', 0) / 2**30:,.1f} GiB per GPU at "
+            f"{memory.get('kv_bytes_per_token'):,} B/token) · concurrency "
+            f"{value('generation', 'concurrency')}"))
+    if "moe_runner_backend" in serving:
+        lines.append(Text(
+            f"  MoE kernels: --quantization {value('serving', 'quantization')} --moe-runner-backend "
+            f"{value('serving', 'moe_runner_backend')} ({_why(serving.get('moe_runner_backend'))})"))
+    kv = serving.get("kv_cache_dtype")
+    if isinstance(kv, Mapping) and kv.get("pair"):
+        lines.append(Text(f"  (attention backend, KV dtype): ({kv['pair'][0]}, {kv['pair'][1]}) "
+                          f"({_why(kv)})"))
+    if "cuda_graph_max_bs" in serving:
+        lines.append(Text(
+            f"  CUDA graphs: decode batch {value('serving', 'cuda_graph_max_bs')} · mem fraction "
+            f"{value('serving', 'mem_fraction_static')} ({_why(serving.get('cuda_graph_max_bs'), 300)})"))
+    risk = serving.get("ep_risk")
+    risk = risk.get("value") if isinstance(risk, Mapping) else None
+    if risk:
+        lines.append(Text(f"  risk: {_short(risk, 300)}", style="yellow"))
+    for key in ("serving", "capture", "training"):
+        entry = (plan.get("nccl") or {}).get(key)
+        if isinstance(entry, Mapping):
+            lines.append(Text(f"  NCCL {key}: {json.dumps(entry.get('value'))} ({_why(entry, 200)})"))
+    run = (plan.get("estimate") or {}).get("run")
+    if isinstance(run, Mapping) and run.get("reason"):
+        lines.append(Text("  run estimate:"))
+        text = str(run["reason"]).replace("; disk, ", "\n").replace("; capture: ", "\ncapture: ")
+        for piece in text.split("\n"):
+            lines.append(Text(f"    {_short(piece, 400)}"))
+    return lines
 
 
 def facts_tree(facts: Mapping[str, Any], label: str = "facts") -> Tree:

@@ -65,6 +65,32 @@ LOG_SIGNATURES: list[LogSignature] = [
         (SGLANG_0_5_23_SOURCE,),
     ),
     LogSignature(
+        "trtllm_gen_moe_no_kernel",
+        re.compile(r"TrtllmGenBatchedGemmRunner.*No kernel found"),
+        "FlashInfer's trtllm-gen MoE kernels (--moe-runner-backend flashinfer_trtllm) have no kernel for "
+        "this GPU or shape; they exist for SM100/SM103 only, and SGLang 0.5.23's `auto` picks them for "
+        "NVFP4 experts on sm_120 unless --quantization modelopt_fp4 is given",
+        "on sm_120 serve NVFP4 experts with --quantization modelopt_fp4 --moe-runner-backend "
+        "flashinfer_cutlass (module_utils/regen_kernel_tables.py, MoE table row sm120-nvfp4; the plan names "
+        "both), or --moe-runner-backend marlin (W4A16); then re-run the serve stage",
+        (
+            "https://github.com/flashinfer-ai/flashinfer/issues/2045",
+            "https://github.com/flashinfer-ai/flashinfer/pull/3670",
+            "https://github.com/flashinfer-ai/flashinfer/issues/3310",
+            "SGLang 0.5.23 (PyPI wheel): python/sglang/srt/layers/quantization/modelopt_quant.py "
+            "ModelOptNvFp4FusedMoEMethod.create_moe_runner",
+        ),
+    ),
+    LogSignature(
+        "flashinfer_cutlass_moe_no_tactic",
+        re.compile(r"No valid tactics available for fused moe op"),
+        "FlashInfer's CUTLASS fused-MoE kernels have no tactic for this GPU and weight format (reported on "
+        "sm_120 for W4 group-scaled MoE)",
+        "serve the experts with --moe-runner-backend marlin (weight-only W4A16, runs on sm_80+), through "
+        "model_facts_plan_overrides.serving.moe_runner_backend: marlin; then re-run the serve stage",
+        ("https://github.com/sgl-project/sglang/pull/24692",),
+    ),
+    LogSignature(
         "ptxas_unknown_arch",
         re.compile(r"ptxas fatal\s*: Value 'sm_\d+a?' is not defined for option 'gpu-name'"),
         "Triton's ptxas is too old for this GPU generation (sm_120 needs CUDA >= 12.8's ptxas)",
@@ -133,6 +159,18 @@ OUTPUT_SIGNATURES: list[OutputSignature] = [
         "serve an INT4/FP8/BF16 checkpoint of the model (e.g. Kimi K2.5's INT4) or a SGLang build whose "
         "NVFP4 MoE kernels are known good on sm_120",
         "https://github.com/sgl-project/sglang/issues/24321",
+    ),
+    OutputSignature(
+        "sm120-nvfp4-cutlass-moe-invalid",
+        12,
+        False,
+        re.compile(r"nvfp4|modelopt_fp4|fp4", re.I),
+        "NVFP4 MoE through FlashInfer's CUTLASS grouped block-scaled GEMM on RTX PRO 6000 (sm_120) produced "
+        "invalid output until FlashInfer's SM120 checks were patched (FlashInfer 0.6.5); Marlin's W4A16 "
+        "path answered correctly and faster there",
+        "serve the experts with --moe-runner-backend marlin (model_facts_plan_overrides.serving."
+        "moe_runner_backend: marlin) and compare with this gate",
+        "https://github.com/flashinfer-ai/flashinfer/issues/2723",
     ),
 ]
 
