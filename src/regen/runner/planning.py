@@ -23,6 +23,7 @@ from typing import Any
 
 from regen.runner import artifacts as _art
 from regen.runner.api import RunResult, _environment, history, run
+from regen.runner.errors import BadInput
 from regen.runner.events import Event
 from regen.runner.project import find_project
 from regen.runner.stages import discover_stages
@@ -151,6 +152,8 @@ def plan(
             names=("regen_artifacts_dir", "regen_work_dir", "regen_model_path"),
             patterns=patterns,
         )
+    except BadInput:
+        raise  # an inventory Ansible cannot parse: the plan of it would be a plan of nothing
     except Exception as exc:
         report.warnings.append(str(exc))
         query = {"hosts": {}, "patterns": {}}
