@@ -605,6 +605,12 @@ def _environment(
     callback = project.cfg_value("stdout_callback")
     if callback and "ANSIBLE_STDOUT_CALLBACK" not in os.environ:
         env["ORIGINAL_STDOUT_CALLBACK"] = callback
+    # runner sets ANSIBLE_CALLBACK_PLUGINS (to add its own directory), which hides ansible.cfg's
+    # callback_plugins: name the checkout's again, so the callback ansible.cfg names is found.
+    plugins = project.cfg_path("callback_plugins")
+    if plugins is not None:
+        present = os.environ.get("ANSIBLE_CALLBACK_PLUGINS", "")
+        env["ANSIBLE_CALLBACK_PLUGINS"] = os.pathsep.join(p for p in (present, str(plugins)) if p)
     if "ANSIBLE_HOST_KEY_CHECKING" not in os.environ:
         env["ANSIBLE_HOST_KEY_CHECKING"] = project.cfg_value("host_key_checking") or "True"
     plugin = project.cfg_value("fact_caching")
