@@ -59,15 +59,31 @@ def _duration(seconds):
     return f"{hours}h{minutes:02d}m"
 
 
+def _number(value):
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def status_line(path):
-    """The `line` of the status document at `path`, or None (absent, unreadable, not yet written)."""
+    """What the status document at `path` says of the job's progress (regen.status/1 keys: `done` of
+    `total` `item`s, `eta_s`, and its own `line`), or None (absent, unreadable, not yet written)."""
     try:
         with open(path, encoding="utf-8") as handle:
             document = json.load(handle)
     except (OSError, ValueError):
         return None
-    line = document.get("line") if isinstance(document, dict) else None
-    return line if isinstance(line, str) and line else None
+    if not isinstance(document, dict):
+        return None
+    parts = []
+    done, total = _number(document.get("done")), _number(document.get("total"))
+    eta = _number(document.get("eta_s"))
+    if done is not None and total:
+        parts.append(f"{done:g}/{total:g} {document.get('item') or 'item'}s ({100 * done / total:.0f}%)")
+    if eta is not None and eta >= 0:
+        parts.append(f"ETA {_duration(eta)}")
+    line = document.get("line")
+    if isinstance(line, str) and line:
+        parts.append(line)
+    return ", ".join(parts) or None
 
 
 class CallbackModule(DefaultCallback):

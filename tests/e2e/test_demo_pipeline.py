@@ -1,4 +1,4 @@
-"""The README's first command, end to end: the whole pipeline on the embedded default, twice.
+"""The README's first command (`make regen`), end to end: the whole pipeline on the embedded default, twice.
 
 The first run builds the demo model (a copy from the builder's cache when the tests built it already) and
 runs every stage on localhost; its evaluation must discriminate: on the held-out prompts the trained drafter's
