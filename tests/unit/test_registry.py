@@ -29,7 +29,8 @@ from ansible.module_utils.regen_families import (
 TYPES = sorted(FAMILIES)
 CONFIGS = ROOT / "tests" / "fixtures" / "configs"
 
-# Every place a new registry row reaches, with what it does there; the recipe in docs/model-families.md must name each one.
+# Every place a new registry row reaches, with what it does there; the recipe in docs/model-families.md
+# must name each one.
 PLACES = {
     "module_utils/regen_families.py": "the row itself",
     "module_utils/regen_config.py": "the config reader knows the type and where its text config lives",
@@ -185,7 +186,7 @@ def test_no_other_module_keeps_a_table_of_model_types() -> None:
 
 
 def test_every_registry_consumer_is_a_listed_place() -> None:
-    # A module that starts reading the registry must join PLACES (and so the recipe in docs/model-families.md).
+    # A module that starts reading the registry must join PLACES (and so docs/model-families.md's recipe).
     importers = {
         f"module_utils/{path.name}"
         for path in (ROOT / "module_utils").glob("*.py")

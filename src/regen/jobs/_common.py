@@ -33,7 +33,8 @@ from regen.fsio import atomic_write_json, json_text
 
 log = logging.getLogger("regen.jobs")
 
-# Exit codes shared by the jobs; scripts and the roles rely on them (docs/stages.md, "Exit codes of the jobs").
+# Exit codes shared by the jobs; scripts and the roles rely on them (docs/stages.md, "Exit codes of the
+# jobs").
 EXIT_OK = 0
 EXIT_FAILED_RECORDS = 1  # the job ran, some records ended in the errors file
 EXIT_USAGE = 2  # bad arguments or bad input that stops the whole job (argparse uses 2 as well)
