@@ -31,6 +31,7 @@ from regen.fsio import atomic_write_json, read_json_object
 
 SCHEMA = "regen.manifest/1"
 RUNS_DIR = "runs"
+HISTORY_DIR = "history"  # runs/history/<run id>.json: every run, however started (regen_history callback)
 MANIFEST = "manifest.json"
 # The sections `compare` reports, in this order, and what each one holds.
 SECTIONS = {
@@ -179,8 +180,36 @@ def record(artifacts: Path, *, check: bool = False, now: float | None = None) ->
     return {"changed": True, "run_id": run_id, "manifest": str(path)}
 
 
+def history_records(artifacts: Path) -> list[Path]:
+    """The run history's documents (`runs/history/<run id>.json`, one per run however it was started:
+    plugins/callback/regen_history.py), oldest first."""
+    root = Path(artifacts) / RUNS_DIR / HISTORY_DIR
+    return sorted(root.glob("*.json")) if root.is_dir() else []
+
+
+def _manifest_of_run(artifacts: Path, ref: str) -> Path | None:
+    """The manifest the run `ref` (an id `regen status` prints, or a unique prefix) recorded, or None when
+    no run of the history matches. A run that ended before the summary stage recorded none: an error."""
+    matches = [p for p in history_records(artifacts) if p.stem.startswith(ref)]
+    exact = [p for p in matches if p.stem == ref]
+    if len(exact) == 1 or len(matches) == 1:
+        record = read_json_object((exact or matches)[0]) or {}
+        manifest = record.get("manifest")
+        if not manifest:
+            raise ProvenanceError(
+                f"run {record.get('ident', ref)} recorded no manifest (it ended "
+                f"{record.get('status')!r} before the summary stage); compare two runs that reached it"
+            )
+        path = Path(artifacts) / RUNS_DIR / str(manifest) / MANIFEST
+        if not path.is_file():
+            raise ProvenanceError(f"run {record.get('ident', ref)} names manifest {manifest}, which is gone")
+        return path
+    return None
+
+
 def resolve(artifacts: Path, ref: str) -> Path:
-    """A manifest from a run id, a unique prefix of one, a run directory or a manifest path."""
+    """A manifest from a run id (the manifest's own, or the id `regen status` prints for any run), a unique
+    prefix of one, a run directory or a manifest path."""
     candidate = Path(ref)
     if candidate.is_file():
         return candidate
@@ -190,6 +219,10 @@ def resolve(artifacts: Path, ref: str) -> Path:
     matches = [p for p in runs if p.name.startswith(ref)]
     if len(matches) == 1:
         return matches[0] / MANIFEST
+    if not matches:
+        of_run = _manifest_of_run(artifacts, ref)
+        if of_run is not None:
+            return of_run
     known = ", ".join(p.name for p in runs[-5:]) or "none yet"
     if not matches:
         raise ProvenanceError(f"no run {ref!r} in {Path(artifacts) / RUNS_DIR} (latest: {known})")

@@ -12,6 +12,7 @@ summary must not fail a run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -202,9 +203,15 @@ def collect(artifacts: Path) -> list[tuple[str, str]]:
         sections.append(("evaluate", lambda: evaluation_lines(evaluation)))
     runs = provenance.run_dirs(artifacts)
     if runs:
-        sections.append(
-            ("run", lambda: [("run", f"{runs[-1].name} (regen compare: what changed since a run before)")])
+        # The id of this run as `regen status` lists it (the history callback exports it), and the manifest
+        # it recorded (a re-run that changed nothing keeps the last one): `regen compare` takes either.
+        run_id = os.environ.get("REGEN_RUN_ID")
+        line = (
+            f"{run_id}, manifest {runs[-1].name} (regen status {run_id}; regen compare {run_id})"
+            if run_id
+            else f"{runs[-1].name} (regen compare: what changed since a run before)"
         )
+        sections.append(("run", lambda: [("run", line)]))
     for stage, build in sections:
         try:
             rows.extend(build())

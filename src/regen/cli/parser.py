@@ -198,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_facts.add_argument("--json", action="store_true", help="print the facts document as JSON")
     _common(p_facts)
 
-    p_status = sub.add_parser("status", help="what the last runs did (from runner's records)")
+    p_status = sub.add_parser(
+        "status", help="what the last runs did (regen run, make regen, ansible-playbook: one history)"
+    )
     p_status.add_argument(
         "run", nargs="?", metavar="RUN", help="one run's id (or a unique prefix) for details"
     )
@@ -206,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", "--last", type=int, default=10, metavar="N", help="how many runs (default 10)"
     )
     p_status.add_argument("--json", action="store_true", help="print JSON")
+    p_status.add_argument(
+        "--artifacts",
+        metavar="DIR",
+        action="append",
+        help="an artifacts directory whose run history (runs/history: make regen and ansible-playbook runs "
+        "too) to list beside runner's records (repeatable; default: the checkout's artifacts/ and the "
+        "directories one level below it)",
+    )
     _common(p_status)
 
     p_plan = sub.add_parser(

@@ -690,6 +690,9 @@ def run_async(
     )
     env = _environment(project, envvars, Path(fact_cache_dir) if fact_cache_dir else None)
     ident = ident or _make_ident([s.name for s in chosen] if wanted else [])
+    # One id per run wherever it is shown: the history callback (plugins/callback/regen_history.py) records
+    # this run under runner's ident, and the manifest the summary stage writes names it too.
+    env["REGEN_RUN_ID"] = ident
 
     cmdline: list[str] = []
     if check:
@@ -846,13 +849,87 @@ def load_run(artifact_dir: Path, *, stages: Sequence[Stage] = ()) -> RunResult:
     return result
 
 
+def _stage_status(counts: StageCounts) -> str:
+    if counts.failed or counts.unreachable:
+        return "failed"
+    if counts.changed:
+        return "changed"
+    if counts.ok:
+        return "ok"
+    return "skipped" if counts.skipped else "not run"  # a play --tags left without a task
+
+
+def load_recorded_run(path: Path, *, stages: Sequence[Stage] = ()) -> RunResult | None:
+    """A run from the run history (``ARTIFACTS/runs/history/<id>.json``, written by the regen_history
+    callback for every ansible-playbook run, ``make regen`` and plain ``ansible-playbook`` included), or
+    None when ``path`` is no such document. A run still marked running whose process is gone was
+    interrupted: ``canceled``."""
+    from regen.fsio import read_json_object
+
+    doc = read_json_object(path)
+    if not doc or doc.get("schema") != "regen.run/1":
+        return None
+    status = str(doc.get("status") or "unknown")
+    pid = doc.get("pid")
+    if status == "running" and not (isinstance(pid, int) and psutil.pid_exists(pid)):
+        status = "canceled"
+    by_play = play_stage_map(stages)
+    summaries: dict[str, StageSummary] = {}
+    for play in doc.get("plays") or []:
+        name = by_play.get(str(play.get("name")), str(play.get("name")))
+        summary = summaries.setdefault(name, StageSummary(name=name, status="not run"))
+        counts = {k: summary.counts.__dict__[k] + int((play.get("counts") or {}).get(k, 0))
+                  for k in ("ok", "changed", "failed", "unreachable", "skipped")}
+        summary.counts = StageCounts(**counts)
+        summary.status = _stage_status(summary.counts)
+        summary.started = summary.started or play.get("started")
+        summary.finished = play.get("finished") or summary.finished
+    ordered = [summaries.pop(s.name) for s in stages if s.name in summaries] + list(summaries.values())
+    failures = [
+        FailedTask(
+            stage=by_play.get(str(f.get("play"))), play=f.get("play"), task=str(f.get("task")),
+            host=str(f.get("host")), message=str(f.get("message") or ""), action=f.get("action"),
+            unreachable=bool(f.get("unreachable")),
+        )
+        for f in doc.get("failures") or []
+    ]
+    result = RunResult(
+        ident=str(doc.get("ident") or path.stem),
+        status=status,
+        rc=doc.get("rc"),
+        check=bool(doc.get("check")),
+        stages=ordered,
+        hosts={h: HostStats(**c) for h, c in (doc.get("hosts") or {}).items()},
+        failed_task=failures[0] if failures else None,
+        failures=failures,
+        started=doc.get("started"),
+        finished=doc.get("finished"),
+        duration=doc.get("duration"),
+        inventory=list(doc.get("inventory") or []),
+        tags=list(doc.get("tags") or []),
+    )
+    result.artifact_dir = path
+    return result
+
+
+def history_dirs(root: Path) -> list[Path]:
+    """The artifacts directories of a checkout whose run history `regen status` reads: ``artifacts/``
+    and one level below it (an inventory whose ``regen_artifacts_dir`` is ``artifacts/<inventory>``)."""
+    base = root / "artifacts"
+    below = sorted(p.parent.parent for p in base.glob("*/runs/history")) if base.is_dir() else []
+    return [base, *below]
+
+
 def history(
     *,
     project_dir: str | os.PathLike[str] | None = None,
     private_data_dir: str | os.PathLike[str] | None = None,
     limit: int = 10,
+    artifacts_dirs: Sequence[str | os.PathLike[str]] | None = None,
 ) -> list[RunResult]:
-    """The last ``limit`` runs recorded in ``private_data_dir``, newest first."""
+    """The last ``limit`` runs, newest first: those runner recorded in ``private_data_dir`` (``regen run``)
+    and those of the run history in ``artifacts_dirs`` (default :func:`history_dirs`) that runner did not
+    (``make regen``, ``ansible-playbook``). A run ``regen run`` started is in both under one id."""
     project = find_project(project_dir)
     pdd = (
         Path(private_data_dir).expanduser().resolve()
@@ -860,4 +937,24 @@ def history(
         else project.default_private_data_dir
     )
     stages = discover_stages(project.root)
-    return [load_run(d, stages=stages) for d in _art.run_dirs(pdd)[:limit]]
+    runs = [load_run(d, stages=stages) for d in _art.run_dirs(pdd)[:limit]]
+    known = {r.ident for r in runs}
+    dirs = [Path(d) for d in artifacts_dirs] if artifacts_dirs is not None else history_dirs(project.root)
+    from regen.provenance import history_records
+
+    for directory in dirs:
+        for path in history_records(directory)[-limit:]:
+            if path.stem not in known:
+                recorded = load_recorded_run(path, stages=stages)
+                if recorded is not None:
+                    runs.append(recorded)
+                    known.add(recorded.ident)
+    runs.sort(key=lambda r: _started_key(r.started), reverse=True)
+    return runs[:limit]
+
+
+def _started_key(started: str | None) -> float:
+    try:
+        return datetime.fromisoformat(str(started)).timestamp()
+    except ValueError:
+        return 0.0
