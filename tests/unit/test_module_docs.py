@@ -182,6 +182,8 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         return {"serving": serving, "checkpoint": "/d", "block_size": 16, "batch_concurrency": 16}
     if name == "sweep_layouts_info":
         return {"facts": KIMI_FACTS, "layouts": [{"name": "tp4", "tp_size": 4}]}
+    if name == "data_dirs_claim":
+        return {"directories": [{"path": str(tmp_path / "a")}], "inventory": str(ROOT / "inventory" / "local")}
     if name == "variable_names_check":
         return {"names": ["regen_profile", "ansible_host"], "roles_path": [str(ROOT / "roles")], "host": "h"}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
