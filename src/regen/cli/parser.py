@@ -24,7 +24,8 @@ EXIT_CODES = """exit codes:
   2    a task failed: its stage failed (the summary names stage, task, host and message)
   3    a host was unreachable
   4    bad usage or input: unknown stage, missing inventory, bad -e, a playbook that does not parse
-  130  interrupted (Ctrl-C); jobs launched as services keep running and resume on the next run
+  130  interrupted (Ctrl-C): the jobs the run started on this machine are stopped (they keep what
+       they wrote; the next run resumes them); on remote hosts they go on, and regen says how to stop them
 """
 
 

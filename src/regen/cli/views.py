@@ -186,6 +186,8 @@ def print_summary(console: Console, result: RunResult) -> None:
         console.print(Text("error:", style="bold red"))
         for line in result.error.splitlines()[-15:]:
             console.print(Text(f"  {line}"))
+    for warning in result.warnings:
+        console.print(Text(f"note: {warning}", style="yellow"))
     artifacts = result.artifacts
     listed = [
         (name, getattr(artifacts, name))

@@ -14,8 +14,9 @@ How runner is configured, and why (each a deliberate choice; runner's defaults d
   (``rotate_artifacts``, 20 kept) and ``suppress_env_files`` keeps runner from writing extra vars,
   passwords and environment to ``env/``. Secrets go through :mod:`regen.runner.secrets`.
 * regen passes its own ``cancel_callback``, so runner never installs SIGINT/SIGTERM handlers in the
-  caller's process. Cancelling kills the ansible-playbook process group; jobs that roles launched as
-  detached units keep running and resume on the next run, by design.
+  caller's process. Cancelling kills the ansible-playbook process group, then stops the jobs the run
+  started on hosts the controller reads (SIGTERM: they keep what they wrote, the next run resumes them);
+  jobs on remote hosts go on, and the result's warnings say so and how to stop them.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ log = logging.getLogger("regen.runner")
 DATA_VARS = ("regen_artifacts_dir", "regen_work_dir")
 _FILE_CACHES = {"jsonfile", "yaml", "pickle", "ansible.builtin.jsonfile"}
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# How long a job stopped by a cancel gets to write what it has before SIGKILL: the generate job's own
+# --stop-grace (30 s by default) for the requests in flight, and a margin.
+JOB_STOP_GRACE_S = 40.0
 
 
 # --- results --------------------------------------------------------------------------------------
@@ -402,6 +406,9 @@ class RunHandle:
         self._hostvars_ready = threading.Event()
         self._ansible_pid: int | None = None
         self._doomed: list[psutil.Process] | None = None
+        # status files of jobs this run was seen running on hosts the controller reads (path -> pid)
+        self._jobs: dict[Path, int] = {}
+        self._job_notes: list[str] = []
         self._stdout = None
         self._result: RunResult | None = None
         self._started = time.time()
@@ -506,6 +513,10 @@ class RunHandle:
                 changes = watcher.poll()
             except OSError:
                 changes = []
+            with self._lock:
+                for path, status in changes:
+                    if not status.finished and status.pid:
+                        self._jobs[path] = int(status.pid)
             self._emit(
                 JobProgress(created=_now_iso(), job=status.job, host=host, status=status, source=str(path))
                 for path, status in changes
@@ -531,6 +542,8 @@ class RunHandle:
                 status, rc = runner.status, runner.rc
                 if self._doomed:
                     procs.terminate(self._doomed)
+                if status == "canceled":
+                    self._stop_jobs()
         except Exception as exc:  # runner could not start: report it as the run's error, not a traceback
             log.debug("ansible-runner failed", exc_info=True)
             error = f"{type(exc).__name__}: {exc}"
@@ -554,6 +567,7 @@ class RunHandle:
         )
         if error:
             result.error = error
+        result.warnings.extend(self._job_notes)
         result.artifact_dir = self.artifact_dir
         result.inventory = [str(p) for p in self._inventory]
         result.tags = self._tags
@@ -571,6 +585,44 @@ class RunHandle:
             )
         self._result = result
         self._finished.set()
+
+    def _stop_jobs(self) -> None:
+        """After a cancel: stop the jobs this run started on hosts the controller reads (SIGTERM: a job
+        writes what it has and marks its status ``interrupted``; the next run resumes it), and say plainly
+        that jobs on other hosts go on, and how to stop them. Notes go to the result's warnings."""
+        from regen.runner.progress import find_status_files, read_status_file
+
+        hostvars = self._resolve_hostvars()
+        _, work_dirs = _art.data_roots(hostvars)
+        with self._lock:
+            jobs = dict(self._jobs)
+        for path in find_status_files(work_dirs):  # a job that started after the watcher's last look
+            status = read_status_file(path)
+            if status is not None and not status.finished and status.pid and path not in jobs:
+                jobs[path] = int(status.pid)
+        for path, pid in sorted(jobs.items()):
+            try:
+                proc = psutil.Process(pid)
+                ours = proc.create_time() >= self._started - 1  # started by this run, not an older one
+            except psutil.Error:
+                continue
+            if not ours or not procs.still_running(proc):
+                continue
+            procs.terminate([proc], grace=JOB_STOP_GRACE_S)
+            after = read_status_file(path)
+            state = after.state if after is not None else "unknown"
+            self._job_notes.append(
+                f"stopped the {after.job if after else 'job'} job this run started (pid {pid}; {path}: "
+                f"{state}); it keeps what it wrote and the next run resumes it"
+            )
+        remote = sorted(h for h, v in hostvars.items() if not _art.host_is_local(h, v))
+        if remote:
+            self._job_notes.append(
+                f"jobs this run started on {', '.join(remote)} (generate, tokenize, training) go on until "
+                "they end: the next run waits for them or resumes them; to stop one now, send it SIGTERM on "
+                "its host (`kill -TERM PID`, the pid is in the job's status.json under regen_work_dir): it "
+                "keeps what it wrote"
+            )
 
     def _scrub_unread_partials(self) -> None:
         # runner's callback writes each event's data to job_events/<uuid>-partial.json before runner reads,
