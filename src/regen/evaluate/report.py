@@ -432,8 +432,9 @@ def _save(fig: Any, path: Path) -> Path:
     from regen.fsio import atomic_write_bytes
 
     buf = io.BytesIO()
-    # No timestamp or software tag: the same report draws the same bytes.
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    # No timestamp or software tag: the same report draws the same bytes. A tight box keeps the axis labels
+    # inside the picture (the default box cuts a long y label).
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None}, bbox_inches="tight")
     atomic_write_bytes(path, buf.getvalue())
     return path
 
