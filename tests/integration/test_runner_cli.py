@@ -238,3 +238,14 @@ def test_ctrl_c_stops_the_job_the_run_started(tmp_path: Path) -> None:
     final = json.loads(status_file.read_text())
     assert final["state"] == "interrupted" and final["done"] >= 2, final
     assert f"stopped the generate job this run started (pid {job_pid}" in " ".join(out.split()), out
+
+
+def test_a_run_narrowed_by_tags_says_which_stages_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 6 of issue 26: `regen run --tags X` ends naming the stages that ran, not "all stages ran"."""
+    assert main(_args(tmp_path, "run", "--plain", "--tags", "demo")) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "all stages ran" not in out
+    expected = "regen: exit 0 (ok): stages ran: demo_model; not run: introspect, generate (--tags demo)"
+    assert expected in out, out

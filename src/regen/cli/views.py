@@ -149,10 +149,24 @@ def host_table(result: RunResult) -> Table:
     return table
 
 
+def stages_that_ran(result: RunResult) -> str:
+    """Which stages ran: all of them, or (a run narrowed by --tags or a stage list) those that ran and those
+    that did not, so `regen run --tags X` never reads as a whole run."""
+    def ran_tasks(stage: Any) -> bool:  # a play --tags left without a task starts and ends, running nothing
+        return any(vars(stage.counts).values()) or stage.status in ("failed", "canceled")
+
+    ran = [s.name for s in result.stages if s.status not in ("not run", "no hosts") and ran_tasks(s)]
+    idle = [s.name for s in result.stages if s.status != "no hosts" and s.name not in ran]
+    tags = f" (--tags {','.join(result.tags)})" if result.tags else ""
+    if not idle:
+        return f"stages ran: {', '.join(ran)}{tags}" if tags else "all stages ran"
+    return f"stages ran: {', '.join(ran) or 'none'}; not run: {', '.join(idle)}{tags}"
+
+
 def exit_line(result: RunResult) -> Text:
     code = result.exit_code
     if code is ExitCode.OK:
-        what = "check mode: nothing was changed" if result.check else "all stages ran"
+        what = "check mode: nothing was changed" if result.check else stages_that_ran(result)
     elif code is ExitCode.CANCELED:
         what = "canceled"
     elif code in (ExitCode.TASK_FAILED, ExitCode.UNREACHABLE) and result.failed_task:
