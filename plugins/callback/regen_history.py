@@ -43,7 +43,9 @@ _COUNTS = ("ok", "changed", "failed", "unreachable", "skipped", "rescued", "igno
 
 
 def _now_iso():
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="milliseconds")  # stage times in the manifest come from these
 
 
 def _message(result):
