@@ -249,3 +249,15 @@ def test_a_run_narrowed_by_tags_says_which_stages_ran(
     assert "all stages ran" not in out
     expected = "regen: exit 0 (ok): stages ran: demo_model; not run: introspect, generate (--tags demo)"
     assert expected in out, out
+
+
+def test_show_tasks_print_their_message_in_regen_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 6 of issue 26: what a debug ("Show ...") task prints reaches `regen run` too, not only
+    ansible-playbook's output."""
+    assert main(_args(tmp_path, "run", "--plain", "--check", "generate")) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    where = next(i for i, line in enumerate(lines) if "Report the job as pending (check mode)" in line)
+    assert lines[where + 1].strip() == "the counting job would run", out

@@ -259,6 +259,7 @@ class LiveView:
         )
         self._jobs: dict[tuple[str, str], TaskID] = {}
         self.notes: dict[str, Text] = {}
+        self.shown: list[Text] = []  # "Show ..." task messages, printed above the live view
 
     def handle(self, event: Event) -> None:
         if isinstance(event, StageStarted):
@@ -281,6 +282,12 @@ class LiveView:
                 f"attempt {event.attempt}/{event.retries}" if event.retries else f"attempt {event.attempt}"
             )
         elif isinstance(event, TaskResult):
+            if event.status in (TaskStatus.OK, TaskStatus.CHANGED) and event.message:
+                self.shown.append(
+                    Text("\n".join([f"{event.host} · {event.task}:"] + [
+                        f"  {line}" for line in event.message.splitlines()[:SHOWN_LINES]
+                    ]))
+                )  # fmt: skip
             # A host that goes on after a failure had it rescued: its note goes away.
             self.notes.pop(event.host, None)
             if event.status in (TaskStatus.FAILED, TaskStatus.UNREACHABLE) and not event.ignored:
@@ -366,6 +373,9 @@ class PlainView:
             if event.status in (TaskStatus.FAILED, TaskStatus.UNREACHABLE) and event.message:
                 for text in event.message.splitlines()[:10]:
                     out(Text(f"      {text}", style="red"))
+            elif event.message:  # a "Show ..." task: its numbers, as ansible-playbook prints them
+                for text in event.message.splitlines()[:SHOWN_LINES]:
+                    out(Text(f"      {text}"))
         elif isinstance(event, JobProgress):
             s = event.status
             key = (s.job, event.host or "")
@@ -385,6 +395,16 @@ class PlainView:
             )
         elif isinstance(event, Output) and event.level in ("warning", "error", "deprecated"):
             out(Text(f"   [{event.level}] {event.text}", style="yellow" if event.level != "error" else "red"))
+
+
+# Lines of a "Show ..." task's message that `regen run` prints (the rest is in the run's stdout record).
+SHOWN_LINES = 40
+
+
+def _print_shown(live: Any, view: Any) -> None:
+    """Print what "Show ..." tasks printed above the live view (it stays on the terminal)."""
+    while view.shown:
+        live.console.print(view.shown.pop(0))
 
 
 def watch_run(
@@ -429,9 +449,11 @@ def watch_run(
             with Live(live_view.render(), console=console, refresh_per_second=8, transient=False) as live:
                 while not handle.done():
                     drain(live_view)
+                    _print_shown(live, live_view)
                     live.update(live_view.render())
                     time.sleep(0.12)
                 drain(live_view)
+                _print_shown(live, live_view)
                 live.update(live_view.render())
     except KeyboardInterrupt:
         console.print(Text("interrupted: canceling the run…", style="magenta"))
