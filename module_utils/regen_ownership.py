@@ -34,10 +34,12 @@ def owner(directory):
 
 
 def claim(directory, inventory, *, write=True):
-    """`("claimed" | "owned" | "foreign", recorded owner)`: claim an unclaimed `directory` for `inventory`
-    (only when `write`; the directory is created), or say whether its owner is this inventory."""
+    """`("claimed" | "owned" | "foreign", recorded owner)`: claim an unclaimed `directory` (or one whose
+    recorded inventory is gone) for `inventory` (only when `write`; the directory is created), or say
+    whether its owner is this inventory."""
     recorded = owner(directory)
-    if recorded is None:
+    # An owner that no longer exists (a moved or renamed checkout, a deleted inventory) claims nothing.
+    if recorded is None or not os.path.exists(recorded):
         if write:
             os.makedirs(directory, exist_ok=True)
             tmp = os.path.join(directory, f"{OWNER_FILE}.tmp{os.getpid()}")

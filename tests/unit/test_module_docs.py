@@ -183,7 +183,8 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
     if name == "sweep_layouts_info":
         return {"facts": KIMI_FACTS, "layouts": [{"name": "tp4", "tp_size": 4}]}
     if name == "data_dirs_claim":
-        return {"directories": [{"path": str(tmp_path / "a")}], "inventory": str(ROOT / "inventory" / "local")}
+        inventory = str(ROOT / "inventory" / "local")
+        return {"directories": [{"path": str(tmp_path / "a")}], "inventory": inventory}
     if name == "variable_names_check":
         return {"names": ["regen_profile", "ansible_host"], "roles_path": [str(ROOT / "roles")], "host": "h"}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")

@@ -43,3 +43,19 @@ def test_a_name_the_user_declares_passes_and_a_far_name_has_no_suggestion() -> N
 
 def test_a_missing_roles_dir_declares_nothing(tmp_path: Path) -> None:
     assert role_variables(str(tmp_path / "absent")) == {}
+
+
+def test_a_directory_is_claimed_once_and_a_gone_owner_claims_nothing(tmp_path: Path) -> None:
+    from ansible.module_utils.regen_ownership import claim
+
+    mine, other = tmp_path / "inv-mine", tmp_path / "inv-other"
+    mine.mkdir()
+    other.mkdir()
+    data = tmp_path / "data"
+    assert claim(str(data), str(mine)) == ("claimed", str(mine))
+    assert claim(str(data), str(mine)) == ("owned", str(mine))
+    assert claim(str(data), str(other)) == ("foreign", str(mine))
+    mine.rmdir()  # the checkout moved: its old inventory path is gone
+    assert claim(str(data), str(other), write=False) == ("claimed", str(other))
+    assert claim(str(data), str(other)) == ("claimed", str(other))
+    assert claim(str(data), str(other)) == ("owned", str(other))
