@@ -32,6 +32,13 @@ options:
     type: list
     elements: str
     default: []
+  facts:
+    description: >-
+      The names of the host's facts (the keys of C(ansible_facts)); never reported (a warm fact cache brings
+      facts such as C(gather_subset) back as host variables).
+    type: list
+    elements: str
+    default: []
   host:
     description: The host the names belong to (for the message).
     type: str
@@ -47,6 +54,7 @@ EXAMPLES = r"""
     names: "{{ hostvars[inventory_hostname].keys() | list }}"
     roles_path: "{{ lookup('ansible.builtin.config', 'DEFAULT_ROLES_PATH') }}"
     user_variables: "{{ regen_user_variables | default([]) }}"
+    facts: "{{ ansible_facts | list }}"
     host: "{{ inventory_hostname }}"
   delegate_to: localhost
 """
@@ -75,6 +83,7 @@ def main():
             "names": {"type": "list", "elements": "str", "required": True},
             "roles_path": {"type": "list", "elements": "path", "required": True},
             "user_variables": {"type": "list", "elements": "str", "default": []},
+            "facts": {"type": "list", "elements": "str", "default": []},
             "host": {"type": "str", "required": True},
         },
         supports_check_mode=True,
@@ -84,7 +93,7 @@ def main():
     for roles_dir in p["roles_path"]:
         for name, role in role_variables(roles_dir).items():
             declared.setdefault(name, role)
-    unknown = unknown_variables(p["names"], declared, p["user_variables"])
+    unknown = unknown_variables(p["names"], declared, p["user_variables"], p["facts"])
     if unknown:
         module.fail_json(msg=describe_unknown(unknown, p["host"]), declared=len(declared), unknown=unknown)
     module.exit_json(changed=False, declared=len(declared), unknown=[])

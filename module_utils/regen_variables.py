@@ -58,11 +58,12 @@ def is_ansible_name(name):
     return name.startswith(ANSIBLE_PREFIX) or name in ANSIBLE_MAGIC_NAMES
 
 
-def unknown_variables(given, declared, user_declared=()):
+def unknown_variables(given, declared, user_declared=(), facts=()):
     """[{name, suggestions}] for each name in `given` that is neither Ansible's own, nor in `declared`, nor
-    in `user_declared` (the user's regen_user_variables), sorted by name; suggestions are the closest
-    declared names (at most three, most similar first)."""
-    known = set(declared) | set(user_declared) | {USER_VARIABLES}
+    in `user_declared` (the user's regen_user_variables), nor a fact of the host (`facts`: the fact cache
+    brings facts such as `gather_subset` and `module_setup` back as host variables), sorted by name;
+    suggestions are the closest declared names (at most three, most similar first)."""
+    known = set(declared) | set(user_declared) | set(facts) | {USER_VARIABLES}
     candidates = sorted(known)
     unknown = []
     for name in sorted(set(given)):

@@ -59,3 +59,12 @@ def test_a_directory_is_claimed_once_and_a_gone_owner_claims_nothing(tmp_path: P
     assert claim(str(data), str(other), write=False) == ("claimed", str(other))
     assert claim(str(data), str(other)) == ("claimed", str(other))
     assert claim(str(data), str(other)) == ("owned", str(other))
+
+
+def test_cached_facts_are_not_user_variables() -> None:
+    """A warm fact cache (ansible.cfg: jsonfile) brings the setup module's `gather_subset` and
+    `module_setup` back as host variables: they are the host's facts, not misspelled names."""
+    declared = role_variables(str(ROOT / "roles"))
+    given = ["gather_subset", "module_setup", "regen_profile"]
+    assert [u["name"] for u in unknown_variables(given, declared)] == ["gather_subset", "module_setup"]
+    assert unknown_variables(given, declared, facts=["gather_subset", "module_setup", "distribution"]) == []
