@@ -12,7 +12,7 @@ DFlash drafter recipe published for it. The consumers:
 - the tokenizer reader (regen_tokenizer): which template variables count as a thinking switch.
 
 tests/unit/test_registry.py fails when a type is known to one consumer and missing from another; the
-README's "Add a model family" recipe lists every place a new row reaches.
+The "Add a model family" recipe (docs/model-families.md) lists every place a new row reaches.
 """
 
 from __future__ import annotations

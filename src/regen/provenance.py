@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -27,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from regen import records
-from regen.fsio import atomic_write_json
+from regen.fsio import atomic_write_json, read_json_object
 from regen.module_utils.regen_files import file_sha256
 
 SCHEMA = "regen.manifest/1"
 RUNS_DIR = "runs"
+STAGE_TIMES = "stages"  # timings.stages: seconds per stage of the run that recorded the manifest
+HISTORY_DIR = "history"  # runs/history/<run id>.json: every run, however started (regen_history callback)
 MANIFEST = "manifest.json"
 # The sections `compare` reports, in this order, and what each one holds.
 SECTIONS = {
@@ -92,7 +95,11 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _digest(manifest: Mapping[str, Any]) -> str:
+    # The wall-clock time each stage took in the recording run differs from run to run: it is history,
+    # not a result, so an unchanged re-run (same results, other times) still records nothing.
     body = {key: value for key, value in manifest.items() if key not in ("run_id", "created_at", "digest")}
+    if isinstance(body.get("timings"), Mapping) and STAGE_TIMES in body["timings"]:
+        body["timings"] = {k: v for k, v in body["timings"].items() if k != STAGE_TIMES}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -130,6 +137,9 @@ def build_manifest(artifacts: Path) -> dict[str, Any]:
             else env.get("python"),
             "packages": env.get("packages") or {},
         }  # fmt: skip
+    # The controller's own venv: it runs the playbooks and, on the embedded default, serves, tokenizes and
+    # runs the jobs (the venvs provisioning builds on the hosts are recorded above).
+    versions["controller"] = controller_versions()
     launches = {
         path.parent.name: (_read(path) or {}).get("argv")
         for path in records.find(artifacts, records.SERVING_LAUNCHES)
@@ -147,8 +157,14 @@ def build_manifest(artifacts: Path) -> dict[str, Any]:
             status = _read(path) or {}
             host = _host_of(path, prefix)
             results.setdefault(stage, {})[host] = _results_of(status)
-            if status.get("elapsed_s") is not None:
-                timings.setdefault(stage, {})[host] = status["elapsed_s"]
+            elapsed = status.get("elapsed_s")
+            if elapsed is None and status.get("state") in ("succeeded", "done", "failed", "stopped"):
+                # the training launcher's document: its start and its last update
+                began, ended = status.get("started_at"), status.get("updated_at")
+                if isinstance(began, int | float) and isinstance(ended, int | float) and ended >= began:
+                    elapsed = round(ended - began, 1)
+            if elapsed is not None:
+                timings.setdefault(stage, {})[host] = elapsed
     stats = _read(artifacts / records.TOKENIZE_STATS)
     if stats is not None:
         results["tokenize"] = _results_of(stats) | {
@@ -170,6 +186,9 @@ def build_manifest(artifacts: Path) -> dict[str, Any]:
             },
             "speedup": report.get("speedup"),
         }
+    stage_times = run_stage_times(artifacts, os.environ.get("REGEN_RUN_ID"))
+    if stage_times:
+        timings[STAGE_TIMES] = stage_times
     manifest = {
         "schema": SCHEMA,
         "inputs": {
@@ -188,6 +207,54 @@ def build_manifest(artifacts: Path) -> dict[str, Any]:
     }
     manifest["digest"] = _digest(manifest)
     return manifest
+
+
+def controller_versions() -> dict[str, Any]:
+    """Python and the installed distributions of the interpreter running this (the controller's venv)."""
+    import importlib.metadata
+    import platform
+
+    packages = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name:
+            packages[name] = dist.version
+    return {"python": platform.python_version(), "packages": dict(sorted(packages.items()))}
+
+
+def run_stage_times(artifacts: Path, run_id: str | None) -> dict[str, float]:
+    """Seconds per stage of the run `run_id` so far, from its run-history document (each play's start and
+    end, mapped to its stage by the checkout's regen.yml); {} without one."""
+    if not run_id:
+        return {}
+    doc = read_json_object(Path(artifacts) / RUNS_DIR / HISTORY_DIR / f"{run_id}.json") or {}
+    by_play: dict[str, str] = {}
+    playbooks = [Path(p) for p in doc.get("playbooks") or []]
+    if playbooks and (playbooks[0].parent / "regen.yml").is_file():
+        from regen.runner.stages import discover_stages, play_stage_map
+
+        try:
+            by_play = play_stage_map(discover_stages(playbooks[0].parent))
+        except Exception:  # a checkout whose stages cannot be read: plays stay under their own names
+            by_play = {}
+    times: dict[str, float] = {}
+    for play in doc.get("plays") or []:
+        counts = play.get("counts") or {}
+        if not any(counts.values()) or not play.get("started") or not play.get("finished"):
+            continue  # a play --tags left without a task, or the one still running (the summary's)
+        seconds = (_iso_time(play["finished"]) or 0) - (_iso_time(play["started"]) or 0)
+        name = by_play.get(str(play.get("name")), str(play.get("name")))
+        times[name] = round(times.get(name, 0.0) + max(seconds, 0.0), 1)
+    return times
+
+
+def _iso_time(text: str) -> float | None:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(text)).timestamp()
+    except ValueError:
+        return None
 
 
 def run_dirs(artifacts: Path) -> list[Path]:
@@ -218,8 +285,36 @@ def record(artifacts: Path, *, check: bool = False, now: float | None = None) ->
     return {"changed": True, "run_id": run_id, "manifest": str(path)}
 
 
+def history_records(artifacts: Path) -> list[Path]:
+    """The run history's documents (`runs/history/<run id>.json`, one per run however it was started:
+    plugins/callback/regen_history.py), oldest first."""
+    root = Path(artifacts) / RUNS_DIR / HISTORY_DIR
+    return sorted(root.glob("*.json")) if root.is_dir() else []
+
+
+def _manifest_of_run(artifacts: Path, ref: str) -> Path | None:
+    """The manifest the run `ref` (an id `regen status` prints, or a unique prefix) recorded, or None when
+    no run of the history matches. A run that ended before the summary stage recorded none: an error."""
+    matches = [p for p in history_records(artifacts) if p.stem.startswith(ref)]
+    exact = [p for p in matches if p.stem == ref]
+    if len(exact) == 1 or len(matches) == 1:
+        record = read_json_object((exact or matches)[0]) or {}
+        manifest = record.get("manifest")
+        if not manifest:
+            raise ProvenanceError(
+                f"run {record.get('ident', ref)} recorded no manifest (it ended "
+                f"{record.get('status')!r} before the summary stage); compare two runs that reached it"
+            )
+        path = Path(artifacts) / RUNS_DIR / str(manifest) / MANIFEST
+        if not path.is_file():
+            raise ProvenanceError(f"run {record.get('ident', ref)} names manifest {manifest}, which is gone")
+        return path
+    return None
+
+
 def resolve(artifacts: Path, ref: str) -> Path:
-    """A manifest from a run id, a unique prefix of one, a run directory or a manifest path."""
+    """A manifest from a run id (the manifest's own, or the id `regen status` prints for any run), a unique
+    prefix of one, a run directory or a manifest path."""
     candidate = Path(ref)
     if candidate.is_file():
         return candidate
@@ -229,6 +324,10 @@ def resolve(artifacts: Path, ref: str) -> Path:
     matches = [p for p in runs if p.name.startswith(ref)]
     if len(matches) == 1:
         return matches[0] / MANIFEST
+    if not matches:
+        of_run = _manifest_of_run(artifacts, ref)
+        if of_run is not None:
+            return of_run
     known = ", ".join(p.name for p in runs[-5:]) or "none yet"
     if not matches:
         raise ProvenanceError(f"no run {ref!r} in {Path(artifacts) / RUNS_DIR} (latest: {known})")

@@ -12,6 +12,7 @@ summary must not fail a run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -153,15 +154,84 @@ def tokenize_lines(stats: Record, histogram: Path | None) -> list[tuple[str, str
     return [("tokenize", text)]
 
 
-def training_lines(statuses: list[tuple[str, Record]]) -> list[tuple[str, str]]:
+def exported_drafter(run_dir: Path) -> str | None:
+    """The exported drafter's directory, as the SGLang flags the train stage recorded name it."""
+    try:
+        args = (run_dir / "sglang_dflash.args").read_text(encoding="utf-8").split()
+    except OSError:
+        return None
+    flag = "--speculative-draft-model-path"
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+
+
+def draw_loss_curve(curve: list, smoothing_steps: int, path: Path) -> Path | None:
+    """The training loss against step (each step's and its moving average) as a PNG at `path`, rewritten
+    only when its bytes change (a re-run stays changed=0); None without matplotlib or points to draw."""
+    points = [(p[0], p[1]) for p in curve if isinstance(p, list | tuple) and len(p) == 2]
+    if len(points) < 2:
+        return None
+    try:
+        import io
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    steps, losses = zip(*points, strict=True)
+    beta, raw, smoothed = 1.0 - 2.0 / (smoothing_steps + 1), 0.0, []
+    for k, loss in enumerate(losses, start=1):
+        raw = beta * raw + (1.0 - beta) * loss
+        smoothed.append(raw / (1.0 - beta**k))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, losses, color="lightgrey", linewidth=0.8, label="loss per step")
+    ax.plot(steps, smoothed, linewidth=1.6, label=f"moving average (~{smoothing_steps} points)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.set_title("Drafter training loss")
+    ax.legend()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None}, bbox_inches="tight")
+    plt.close(fig)
+    data = buf.getvalue()
+    try:
+        if path.read_bytes() == data:
+            return path
+    except OSError:
+        pass
+    from regen.fsio import atomic_write_bytes
+
+    atomic_write_bytes(path, data)
+    return path
+
+
+def training_lines(
+    statuses: list[tuple[str, Record]], artifacts: Path | None = None
+) -> list[tuple[str, str]]:
     lines = []
     for name, status in statuses:
         text = f"{name}: {status.get('state')}, step {status.get('done')}/{status.get('total')}"
         if isinstance(status.get("loss"), int | float):
             text += f", loss {status['loss']:.4f}"
+        if isinstance(status.get("loss_smoothed"), int | float):
+            steps = status.get("loss_smoothing_steps")
+            text += f" (moving average over ~{steps} steps {status['loss_smoothed']:.4f})"
         if status.get("error"):
             text += f", error: {status['error']}"
         lines.append(("train", text))
+        if artifacts is None:
+            continue
+        run_dir = artifacts / "drafter" / name
+        drafter = exported_drafter(run_dir)
+        if drafter:
+            lines.append(("train", f"{name}: exported drafter {drafter}"))
+        curve = status.get("loss_curve")
+        if isinstance(curve, list) and run_dir.is_dir():
+            steps = int(status.get("loss_smoothing_steps") or 20)
+            picture = draw_loss_curve(curve, steps, run_dir / "loss_curve.png")
+            if picture is not None:
+                lines.append(("train", f"{name}: loss curve {picture}"))
     return lines
 
 
@@ -201,15 +271,21 @@ def collect(artifacts: Path) -> list[tuple[str, str]]:
         sections.append(("tokenize", lambda: tokenize_lines(stats, picture if picture.exists() else None)))
     training = _named(records.find(artifacts, records.TRAINING_STATUSES))
     if training:
-        sections.append(("train", lambda: training_lines(training)))
+        sections.append(("train", lambda: training_lines(training, artifacts)))
     evaluation = _load(artifacts / records.EVALUATION_REPORT)
     if evaluation is not None:
         sections.append(("evaluate", lambda: evaluation_lines(evaluation)))
     runs = provenance.run_dirs(artifacts)
     if runs:
-        sections.append(
-            ("run", lambda: [("run", f"{runs[-1].name} (regen compare: what changed since a run before)")])
+        # The id of this run as `regen status` lists it (the history callback exports it), and the manifest
+        # it recorded (a re-run that changed nothing keeps the last one): `regen compare` takes either.
+        run_id = os.environ.get("REGEN_RUN_ID")
+        line = (
+            f"{run_id}, manifest {runs[-1].name} (regen status {run_id}; regen compare {run_id})"
+            if run_id
+            else f"{runs[-1].name} (regen compare: what changed since a run before)"
         )
+        sections.append(("run", lambda: [("run", line)]))
     for stage, build in sections:
         try:
             rows.extend(build())

@@ -1,4 +1,4 @@
-"""The README's first command, end to end: the whole pipeline on the embedded default, twice.
+"""The README's first command (`make regen`), end to end: the whole pipeline on the embedded default, twice.
 
 The first run builds the demo model (a copy from the builder's cache when the tests built it already) and
 runs every stage on localhost; its evaluation must discriminate: on the held-out prompts the trained drafter's
@@ -32,6 +32,9 @@ def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
 def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwards) -> None:
     output, first = _run_pipeline()
     assert all(stats["failed"] == 0 and stats["unreachable"] == 0 for stats in first.values()), first
+    # The wait loops print the jobs' progress, not a "FAILED - RETRYING" line per poll (issue 26 item 6).
+    assert "FAILED - RETRYING" not in output
+    assert re.search(r"Wait for the generation job .*: waiting \d+s: ", output), output[-6000:]
     # The run ends with the summary table, one row per stage that produced something.
     summary = output[output.index("regen summary") :]
     for row in ("model", "plan", "budget", "serve", "generate", "tokenize", "train", "evaluate"):

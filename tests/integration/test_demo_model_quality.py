@@ -5,7 +5,8 @@ Loaded the way every stage loads it (transformers, trust_remote_code), the built
 training text far better than the same network at its random initial weights, and its greedy answers to the
 demo prompts (the pipeline's generation settings: chat template, greedy, a few dozen tokens) must mostly
 pass the quality detector the generate stage uses, differ from prompt to prompt and end their turn.
-What they say is not checked: a tiny model pre-trained on 12 KB cannot answer questions (see README).
+What they say is not checked: a tiny model pre-trained on 12 KB cannot answer questions (see
+docs/evaluation.md).
 """
 
 from __future__ import annotations

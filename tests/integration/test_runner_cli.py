@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from regen.cli import main
@@ -205,3 +207,57 @@ def test_sigterm_cancels_the_run_and_leaves_no_ansible_behind(tmp_path: Path) ->
     # ansible-playbook ran in its own session; it must be gone, not orphaned
     ps = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True, check=True).stdout
     assert str(tmp_path) not in ps
+
+
+def test_ctrl_c_stops_the_job_the_run_started(tmp_path: Path) -> None:
+    """Item 3 of issue 26: Ctrl-C on `regen run generate` while its job runs stops the job too (it marks
+    its status interrupted and keeps what it wrote), and the summary says so, instead of leaving it to run
+    to the end unseen."""
+    regen = Path(sys.executable).parent / "regen"
+    args = _args(tmp_path, "run", "generate", "--plain", "-e", "fixture_total=600")
+    proc = subprocess.Popen([str(regen), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    status_file = tmp_path / "data" / "work" / "generate" / "status.json"
+    try:
+        deadline = time.monotonic() + 90
+        status: dict = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                status = json.loads(status_file.read_text())
+            if status.get("state") == "running" and status.get("done", 0) >= 2:
+                break
+            time.sleep(0.2)
+        assert status.get("state") == "running", status
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    job_pid = status["pid"]
+    assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE, out
+    final = json.loads(status_file.read_text())
+    assert final["state"] == "interrupted" and final["done"] >= 2, final
+    assert f"stopped the generate job this run started (pid {job_pid}" in " ".join(out.split()), out
+
+
+def test_a_run_narrowed_by_tags_says_which_stages_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 6 of issue 26: `regen run --tags X` ends naming the stages that ran, not "all stages ran"."""
+    assert main(_args(tmp_path, "run", "--plain", "--tags", "demo")) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "all stages ran" not in out
+    expected = "regen: exit 0 (ok): stages ran: demo_model; not run: introspect, generate (--tags demo)"
+    assert expected in out, out
+
+
+def test_show_tasks_print_their_message_in_regen_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 6 of issue 26: what a debug ("Show ...") task prints reaches `regen run` too, not only
+    ansible-playbook's output."""
+    assert main(_args(tmp_path, "run", "--plain", "--check", "generate")) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    where = next(i for i, line in enumerate(lines) if "Report the job as pending (check mode)" in line)
+    assert lines[where + 1].strip() == "the counting job would run", out

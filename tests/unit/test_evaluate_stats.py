@@ -249,3 +249,26 @@ def test_the_run_summary_shows_the_evaluation_headline(tmp_path: Path) -> None:
     assert "evaluate  acceptance length trained 3.50" in text and "oracle 4.00" in text
     (tmp_path / "evaluate" / "report.json").write_text('{"drafters": 3}')
     assert "evaluate  record unreadable" in summary.render(summary.collect(tmp_path), tmp_path)
+
+
+def test_the_reports_prompt_and_category_counts_add_up() -> None:
+    """Item 6 of issue 26: measured in two turn kinds, a prompt counts once; the categories' prompts (a
+    prompt without a category under "(none)") add up to the report's."""
+    from regen.evaluate.report import UNGROUPED, build_report, render_markdown
+
+    def row(prompt: str, category: str | None, kind: str) -> dict:
+        return {"drafter": "trained", "prompt_id": prompt, "turn_kind": kind, "category": category,
+                "accepted": [2, 1], "tokens": 3, "seconds": 0.5, "plain_tokens": 3, "plain_seconds": 1.0,
+                "lossless": True}  # fmt: skip
+
+    prompts = {"p1": "code", "p2": "code", "p3": "math", "p4": None}
+    rows = [row(p, c, kind) for p, c in prompts.items() for kind in ("thinking", "non-thinking")]
+    report = build_report(rows, block_size=4, settings={}, inputs={})
+    trained = report["drafters"]["trained"]
+    assert report["prompts"] == trained["prompts"] == 4 and trained["runs"] == 8
+    categories = trained["categories"]
+    assert {name: c["prompts"] for name, c in categories.items()} == {"code": 2, "math": 1, UNGROUPED: 1}
+    assert sum(c["prompts"] for c in categories.values()) == report["prompts"]
+    assert {k: t["prompts"] for k, t in trained["turn_kinds"].items()} == {"thinking": 4, "non-thinking": 4}
+    markdown = render_markdown(report, [])
+    assert "| code | trained | 2.50 | [2.50, 2.50] | 2 | 4 | 2.00 |" in markdown

@@ -207,6 +207,11 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         overrides = {"completions_max_tokens": None, "completions_concurrency": None,
                      "completions_chat_template_kwargs": None}
         return {"stage": "generate", "plan": KIMI_FACTS["plan"], "overrides": overrides}
+    if name == "data_dirs_claim":
+        inventory = str(ROOT / "inventory" / "local")
+        return {"directories": [{"path": str(tmp_path / "a")}], "inventory": inventory}
+    if name == "variable_names_check":
+        return {"names": ["regen_profile", "ansible_host"], "roles_path": [str(ROOT / "roles")], "host": "h"}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 

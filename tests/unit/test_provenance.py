@@ -17,6 +17,8 @@ from regen.cli import main as regen_main
 from regen.evaluate.report import build_report
 from regen.training.status import new_status
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _write(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,3 +129,37 @@ def test_the_run_view_shows_the_evaluation_headline(artifacts: Path, tmp_path: P
 
     (lines,) = evaluation_headlines([artifacts, tmp_path / "nothing-here"])
     assert lines.startswith("evaluation: acceptance length trained ") and "oracle 16.00" in lines
+
+
+def test_the_manifest_holds_every_stages_time_and_the_controller_venv(
+    artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 6 of issue 26: the manifest records each stage's time in the recording run (from the run
+    history the regen_history callback writes) and the controller venv's versions beside the hosts' venvs;
+    the stage times are history, so an unchanged re-run with other times still records nothing."""
+    import importlib.metadata
+
+    def history(run_id: str, seconds: float) -> None:
+        plays = [
+            {"name": "Check the variable names the inventory and -e set, and claim the data directories",
+             "started": "2027-01-15T08:00:00.000+00:00", "finished": "2027-01-15T08:00:02.500+00:00",
+             "counts": {"ok": 2}},
+            {"name": "Build the prompt set", "started": "2027-01-15T08:00:02.500+00:00",
+             "finished": f"2027-01-15T08:00:{2.5 + seconds:06.3f}+00:00", "counts": {"changed": 3}},
+            {"name": "Summarize the run", "started": "2027-01-15T08:00:30.000+00:00", "finished": None,
+             "counts": {"ok": 1}},
+        ]  # fmt: skip
+        pipeline = [str(ROOT / "regen.yml")]
+        doc = {"schema": "regen.run/1", "ident": run_id, "plays": plays, "playbooks": pipeline}
+        _write(artifacts / "runs" / "history" / f"{run_id}.json", doc)
+
+    history("r1", 20.0)
+    monkeypatch.setenv("REGEN_RUN_ID", "r1")
+    first = provenance.record(artifacts, now=1_800_000_000)
+    manifest = json.loads(Path(first["manifest"]).read_text())
+    assert manifest["timings"]["stages"] == {"check_variables": 2.5, "prompts": 20.0}
+    controller = manifest["versions"]["controller"]
+    assert controller["packages"]["ansible-core"] == importlib.metadata.version("ansible-core")
+    history("r2", 30.0)
+    monkeypatch.setenv("REGEN_RUN_ID", "r2")
+    assert provenance.record(artifacts, now=1_800_000_100)["changed"] is False

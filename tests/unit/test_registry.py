@@ -3,7 +3,7 @@
 Each model type of the registry must get an answer from the config reader, the plan's SGLang parsers, the
 launch line's fallback parsers, the SpecForge template and the thinking switch; no other module may keep
 a table of its own; real configs and SpecForge's published Kimi drafter agree with the rows; and the
-README's "Add a model family" recipe names every place a new row reaches (PLACES below).
+The "Add a model family" recipe (docs/model-families.md) names every place a new row reaches (PLACES below).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ansible.module_utils.regen_families import (
 TYPES = sorted(FAMILIES)
 CONFIGS = ROOT / "tests" / "fixtures" / "configs"
 
-# Every place a new registry row reaches, with what it does there; the README recipe must name each one.
+# Every place a new registry row reaches, with what it does there; the recipe in docs/model-families.md
+# must name each one.
 PLACES = {
     "module_utils/regen_families.py": "the row itself",
     "module_utils/regen_config.py": "the config reader knows the type and where its text config lives",
@@ -185,7 +186,7 @@ def test_no_other_module_keeps_a_table_of_model_types() -> None:
 
 
 def test_every_registry_consumer_is_a_listed_place() -> None:
-    # A module that starts reading the registry must join PLACES (and so the README recipe).
+    # A module that starts reading the registry must join PLACES (and so docs/model-families.md's recipe).
     importers = {
         f"module_utils/{path.name}"
         for path in (ROOT / "module_utils").glob("*.py")
@@ -196,9 +197,9 @@ def test_every_registry_consumer_is_a_listed_place() -> None:
 
 
 def test_readme_recipe_names_every_place_a_row_reaches() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "model-families.md").read_text()
     match = re.search(r"^## Add a model family\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
-    assert match, "README.md has no '## Add a model family' section"
+    assert match, "docs/model-families.md has no '## Add a model family' section"
     for place in PLACES:
         assert (ROOT / place).exists(), place
         assert f"`{place}`" in match.group(1), f"the recipe does not name {place}"

@@ -112,3 +112,32 @@ def test_the_latest_recorded_run_is_a_row(tmp_path: Path) -> None:
     assert "run" not in dict(summary.collect(tmp_path))
     recorded = provenance.record(tmp_path)
     assert dict(summary.collect(tmp_path))["run"].startswith(recorded["run_id"] + " (regen compare")
+
+
+def test_training_shows_a_smoothed_loss_the_exported_drafter_and_a_loss_curve(tmp_path: Path) -> None:
+    """Item 6 of issue 26: one step's loss swings; the summary adds the moving average the launcher folds
+    from SpecForge's step lines, the exported drafter the recorded SGLang flags name, and a picture."""
+    from regen.training import status as training_status
+
+    record = new_status(total_steps=60)
+    for step in range(1, 61):  # a loss that falls, swinging between two values around the trend
+        loss = 3.0 - step / 30 + (0.8 if step % 2 else -0.8)
+        training_status.apply_line(record, f"step {step}: {{'loss': {loss}}}")
+    record.update(state="succeeded")
+    _write(tmp_path / "drafter" / "gpu1" / "status.json", record)
+    export = "/srv/regen/drafter/runs/dflash-1/export"
+    (tmp_path / "drafter" / "gpu1" / "sglang_dflash.args").write_text(
+        f"--speculative-algorithm\nDFLASH\n--speculative-draft-model-path\n{export}\n"
+    )
+    rows = [text for stage, text in summary.collect(tmp_path) if stage == "train"]
+    head = rows[0]
+    last = record["loss"]
+    smoothed = float(head.split("moving average over ~20 steps ")[1].rstrip(")"))
+    assert abs(smoothed - (3.0 - 60 / 30)) < 0.4 < abs(last - (3.0 - 60 / 30)), (head, last)
+    assert f"gpu1: exported drafter {export}" in rows
+    picture = tmp_path / "drafter" / "gpu1" / "loss_curve.png"
+    assert f"gpu1: loss curve {picture}" in rows
+    assert picture.read_bytes()[:4] == b"\x89PNG"
+    before = picture.stat().st_mtime_ns
+    summary.collect(tmp_path)  # an unchanged record does not rewrite the picture
+    assert picture.stat().st_mtime_ns == before

@@ -37,6 +37,8 @@ from regen.runner import (
     RunHandle,
     discover_stages,
     history,
+    history_dirs,
+    load_recorded_run,
     load_run,
     plan,
     run_async,
@@ -194,6 +196,16 @@ def _facts_of_model_dir(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _recorded_matches(root: Path, ref: str, artifacts: list[str] | None) -> list[Path]:
+    """Run-history documents (any way of running) whose id is `ref` or starts with it."""
+    from regen.provenance import history_records
+
+    dirs = [Path(d) for d in artifacts] if artifacts else history_dirs(root)
+    found = [p for d in dirs for p in history_records(d) if p.stem.startswith(ref)]
+    exact = [p for p in found if p.stem == ref]
+    return exact or found
+
+
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     project = find_project(args.project)
     pdd = (
@@ -204,12 +216,19 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     if args.run:
         base = pdd / "artifacts"
         matches = sorted(p for p in base.glob(f"{args.run}*") if p.is_dir()) if base.is_dir() else []
-        if len(matches) != 1:
+        recorded = [] if matches else _recorded_matches(project.root, args.run, args.artifacts)
+        if len(matches) + len(recorded) != 1:
             raise BadInput(
-                f"{'no' if not matches else 'more than one'} run matches {args.run!r} in {base}; "
-                "see `regen status` for the ids"
+                f"{'no' if not matches + recorded else 'more than one'} run matches {args.run!r} in {base} "
+                "or the run history (artifacts/runs/history); see `regen status` for the ids"
             )
-        result = load_run(matches[0], stages=discover_stages(project.root))
+        stages = discover_stages(project.root)
+        if matches:
+            result = load_run(matches[0], stages=stages)
+        else:
+            result = load_recorded_run(recorded[0], stages=stages)
+            if result is None:
+                raise BadInput(f"{recorded[0]} is not a run record (regen.run/1)")
         if args.json:
             print(json.dumps(result.to_dict(), indent=1, default=str))
         else:
@@ -223,14 +242,17 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             )
             print_summary(console, result)
         return 0
-    runs = history(project_dir=project.root, private_data_dir=pdd, limit=max(1, args.last))
+    runs = history(
+        project_dir=project.root, private_data_dir=pdd, limit=max(1, args.last), artifacts_dirs=args.artifacts
+    )
     if args.json:
         print(json.dumps([r.to_dict(include_facts=False) for r in runs], indent=1, default=str))
         return 0
     if not runs:
-        console.print(f"no runs recorded in {pdd} yet: start one with `regen run`")
+        console.print(f"no runs recorded in {pdd} or artifacts/runs/history yet: start one with `regen run`")
         return 0
-    table = Table(title=f"last runs ({pdd})", title_justify="left", show_edge=False, pad_edge=False)
+    title = f"last runs ({pdd} and artifacts/runs/history: regen run, make regen, ansible-playbook)"
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("when", "run", "stages", "outcome", "ok/chg/fail/unr", "took", "failed task"):
         # the id is what `regen status RUN` takes: never cut it
         table.add_column(column, no_wrap=column in ("when", "run", "ok/chg/fail/unr"))

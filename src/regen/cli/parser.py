@@ -24,7 +24,8 @@ EXIT_CODES = """exit codes:
   2    a task failed: its stage failed (the summary names stage, task, host and message)
   3    a host was unreachable
   4    bad usage or input: unknown stage, missing inventory, bad -e, a playbook that does not parse
-  130  interrupted (Ctrl-C); jobs launched as services keep running and resume on the next run
+  130  interrupted (Ctrl-C): the jobs the run started on this machine are stopped (they keep what
+       they wrote; the next run resumes them); on remote hosts they go on, and regen says how to stop them
 """
 
 
@@ -211,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_facts.add_argument("--json", action="store_true", help="print the facts document as JSON")
     _common(p_facts)
 
-    p_status = sub.add_parser("status", help="what the last runs did (from runner's records)")
+    p_status = sub.add_parser(
+        "status", help="what the last runs did (regen run, make regen, ansible-playbook: one history)"
+    )
     p_status.add_argument(
         "run", nargs="?", metavar="RUN", help="one run's id (or a unique prefix) for details"
     )
@@ -219,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", "--last", type=int, default=10, metavar="N", help="how many runs (default 10)"
     )
     p_status.add_argument("--json", action="store_true", help="print JSON")
+    p_status.add_argument(
+        "--artifacts",
+        metavar="DIR",
+        action="append",
+        help="an artifacts directory whose run history (runs/history: make regen and ansible-playbook runs "
+        "too) to list beside runner's records (repeatable; default: the checkout's artifacts/ and the "
+        "directories one level below it)",
+    )
     _common(p_status)
 
     p_plan = sub.add_parser(

@@ -150,10 +150,24 @@ def host_table(result: RunResult) -> Table:
     return table
 
 
+def stages_that_ran(result: RunResult) -> str:
+    """Which stages ran: all of them, or (a run narrowed by --tags or a stage list) those that ran and those
+    that did not, so `regen run --tags X` never reads as a whole run."""
+    def ran_tasks(stage: Any) -> bool:  # a play --tags left without a task starts and ends, running nothing
+        return any(vars(stage.counts).values()) or stage.status in ("failed", "canceled")
+
+    ran = [s.name for s in result.stages if s.status not in ("not run", "no hosts") and ran_tasks(s)]
+    idle = [s.name for s in result.stages if s.status != "no hosts" and s.name not in ran]
+    tags = f" (--tags {','.join(result.tags)})" if result.tags else ""
+    if not idle:
+        return f"stages ran: {', '.join(ran)}{tags}" if tags else "all stages ran"
+    return f"stages ran: {', '.join(ran) or 'none'}; not run: {', '.join(idle)}{tags}"
+
+
 def exit_line(result: RunResult) -> Text:
     code = result.exit_code
     if code is ExitCode.OK:
-        what = "check mode: nothing was changed" if result.check else "all stages ran"
+        what = "check mode: nothing was changed" if result.check else stages_that_ran(result)
     elif code is ExitCode.CANCELED:
         what = "canceled"
     elif code in (ExitCode.TASK_FAILED, ExitCode.UNREACHABLE) and result.failed_task:
@@ -187,6 +201,8 @@ def print_summary(console: Console, result: RunResult) -> None:
         console.print(Text("error:", style="bold red"))
         for line in result.error.splitlines()[-15:]:
             console.print(Text(f"  {line}"))
+    for warning in result.warnings:
+        console.print(Text(f"note: {warning}", style="yellow"))
     artifacts = result.artifacts
     listed = [
         (name, getattr(artifacts, name))
@@ -244,6 +260,7 @@ class LiveView:
         )
         self._jobs: dict[tuple[str, str], TaskID] = {}
         self.notes: dict[str, Text] = {}
+        self.shown: list[Text] = []  # "Show ..." task messages, printed above the live view
 
     def handle(self, event: Event) -> None:
         if isinstance(event, StageStarted):
@@ -266,6 +283,12 @@ class LiveView:
                 f"attempt {event.attempt}/{event.retries}" if event.retries else f"attempt {event.attempt}"
             )
         elif isinstance(event, TaskResult):
+            if event.status in (TaskStatus.OK, TaskStatus.CHANGED) and event.message:
+                self.shown.append(
+                    Text("\n".join([f"{event.host} · {event.task}:"] + [
+                        f"  {line}" for line in event.message.splitlines()[:SHOWN_LINES]
+                    ]))
+                )  # fmt: skip
             # A host that goes on after a failure had it rescued: its note goes away.
             self.notes.pop(event.host, None)
             if event.status in (TaskStatus.FAILED, TaskStatus.UNREACHABLE) and not event.ignored:
@@ -353,6 +376,9 @@ class PlainView:
             if event.status in (TaskStatus.FAILED, TaskStatus.UNREACHABLE) and event.message:
                 for text in event.message.splitlines()[:10]:
                     out(Text(f"      {text}", style="red"))
+            elif event.message:  # a "Show ..." task: its numbers, as ansible-playbook prints them
+                for text in event.message.splitlines()[:SHOWN_LINES]:
+                    out(Text(f"      {text}"))
         elif isinstance(event, JobProgress):
             s = event.status
             key = (s.job, event.host or "")
@@ -374,6 +400,16 @@ class PlainView:
             )
         elif isinstance(event, Output) and event.level in ("warning", "error", "deprecated"):
             out(Text(f"   [{event.level}] {event.text}", style="yellow" if event.level != "error" else "red"))
+
+
+# Lines of a "Show ..." task's message that `regen run` prints (the rest is in the run's stdout record).
+SHOWN_LINES = 40
+
+
+def _print_shown(live: Any, view: Any) -> None:
+    """Print what "Show ..." tasks printed above the live view (it stays on the terminal)."""
+    while view.shown:
+        live.console.print(view.shown.pop(0))
 
 
 def watch_run(
@@ -418,9 +454,11 @@ def watch_run(
             with Live(live_view.render(), console=console, refresh_per_second=8, transient=False) as live:
                 while not handle.done():
                     drain(live_view)
+                    _print_shown(live, live_view)
                     live.update(live_view.render())
                     time.sleep(0.12)
                 drain(live_view)
+                _print_shown(live, live_view)
                 live.update(live_view.render())
     except KeyboardInterrupt:
         console.print(Text("interrupted: canceling the run…", style="magenta"))

@@ -54,7 +54,7 @@ def build_report(
         rows = [r for r in results if r["drafter"] == name]
         if not rows:
             continue
-        block = summarize([r["accepted"] for r in rows], block_size)
+        block = _counted(summarize([r["accepted"] for r in rows], block_size), rows)
         block["lossless"] = all(r["lossless"] for r in rows)
         block["tokens_per_s"] = _round(throughput([(r["tokens"], r["seconds"]) for r in rows]))
         block["speedup"] = _speedup(rows)
@@ -118,16 +118,33 @@ def _speedup(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# The group of rows that carry no value of the grouping key (prompts without a category).
+UNGROUPED = "(none)"
+
+
 def _groups(rows: Sequence[dict[str, Any]], key: str, block_size: int) -> dict[str, Any]:
     """Figures per value of `key` (category: code/math/chat...; turn_kind: thinking/non-thinking)."""
     names = sorted({r[key] for r in rows if r.get(key)})
     out = {}
     for name in names:
         picked = [r for r in rows if r.get(key) == name]
-        block = summarize([r["accepted"] for r in picked], block_size)
+        block = _counted(summarize([r["accepted"] for r in picked], block_size), picked)
         block["speedup"] = _speedup(picked)
         out[name] = block
+    rest = [r for r in rows if not r.get(key)]
+    if names and rest:  # rows without a value form a group of their own, so the groups add up
+        block = _counted(summarize([r["accepted"] for r in rest], block_size), rest)
+        block["speedup"] = _speedup(rest)
+        out[UNGROUPED] = block
     return out
+
+
+def _counted(block: dict[str, Any], rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`prompts`: distinct prompts (a prompt measured in two turn kinds counts once, so the categories'
+    prompts add up to the report's); `runs`: decodes measured (prompt x turn kind)."""
+    block["runs"] = block.get("prompts")
+    block["prompts"] = len({r["prompt_id"] for r in rows})
+    return block
 
 
 def _training_steps(
@@ -197,8 +214,8 @@ def _group_table(report: dict[str, Any], key: str, title: str, column: str) -> l
         "",
         f"## {title}",
         "",
-        f"| {column} | drafter | acceptance length | 95% interval | prompts | speedup |",
-        "|---|---|---|---|---|---|",
+        f"| {column} | drafter | acceptance length | 95% interval | prompts | runs | speedup |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in names:
         for drafter, d in drafters.items():
@@ -208,7 +225,7 @@ def _group_table(report: dict[str, Any], key: str, title: str, column: str) -> l
             ci = g.get("acceptance_length_ci95") or [None, None]
             lines.append(
                 f"| {name} | {drafter} | {_fmt(g.get('acceptance_length'))} | [{_fmt(ci[0])}, {_fmt(ci[1])}] "
-                f"| {g.get('prompts')} | {_fmt((g.get('speedup') or {}).get('value'))} |"
+                f"| {g.get('prompts')} | {g.get('runs')} | {_fmt((g.get('speedup') or {}).get('value'))} |"
             )
     return lines
 
@@ -432,8 +449,9 @@ def _save(fig: Any, path: Path) -> Path:
     from regen.fsio import atomic_write_bytes
 
     buf = io.BytesIO()
-    # No timestamp or software tag: the same report draws the same bytes.
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    # No timestamp or software tag: the same report draws the same bytes. A tight box keeps the axis labels
+    # inside the picture (the default box cuts a long y label).
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None}, bbox_inches="tight")
     atomic_write_bytes(path, buf.getvalue())
     return path
 

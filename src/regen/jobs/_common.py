@@ -37,7 +37,8 @@ from regen.module_utils.regen_secrets import API_KEY_ENV, SecretFileError, read_
 
 log = logging.getLogger("regen.jobs")
 
-# Exit codes shared by the jobs; scripts and the roles rely on them (the README's "Exit codes" section).
+# Exit codes shared by the jobs; scripts and the roles rely on them (docs/stages.md, "Exit codes of the
+# jobs").
 EXIT_OK = 0
 EXIT_FAILED_RECORDS = 1  # the job ran, some records ended in the errors file
 EXIT_UNAVAILABLE = 3  # the job stopped early because what it depends on stayed down

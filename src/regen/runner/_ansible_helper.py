@@ -14,6 +14,11 @@ import json
 import sys
 from typing import Any
 
+from regen.runner.errors import ExitCode
+
+# Exit status of `hostvars` when Ansible cannot parse the inventory (a YAML error in a group_vars file).
+INVENTORY_UNREADABLE = int(ExitCode.BAD_INPUT)
+
 
 def _hostvars(request: dict[str, Any]) -> dict[str, Any]:
     from ansible.inventory.manager import InventoryManager
@@ -60,7 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     request = json.loads(sys.stdin.read() or "{}")
     if argv == ["hostvars"]:
-        json.dump(_hostvars(request), sys.stdout)
+        from ansible.errors import AnsibleParserError
+
+        try:
+            hostvars = _hostvars(request)
+        except AnsibleParserError as exc:  # the inventory itself is broken: the caller's input, exit 4
+            print(f"the inventory cannot be read: {exc.message}", file=sys.stderr)
+            return INVENTORY_UNREADABLE
+        json.dump(hostvars, sys.stdout)
     elif argv == ["vault-encrypt"]:
         sys.stdout.write(_vault_encrypt(request))
     else:

@@ -14,8 +14,9 @@ How runner is configured, and why (each a deliberate choice; runner's defaults d
   (``rotate_artifacts``, 20 kept) and ``suppress_env_files`` keeps runner from writing extra vars,
   passwords and environment to ``env/``. Secrets go through :mod:`regen.runner.secrets`.
 * regen passes its own ``cancel_callback``, so runner never installs SIGINT/SIGTERM handlers in the
-  caller's process. Cancelling kills the ansible-playbook process group; jobs that roles launched as
-  detached units keep running and resume on the next run, by design.
+  caller's process. Cancelling kills the ansible-playbook process group, then stops the jobs the run
+  started on hosts the controller reads (SIGTERM: they keep what they wrote, the next run resumes them);
+  jobs on remote hosts go on, and the result's warnings say so and how to stop them.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ log = logging.getLogger("regen.runner")
 DATA_VARS = ("regen_artifacts_dir", "regen_work_dir")
 _FILE_CACHES = {"jsonfile", "yaml", "pickle", "ansible.builtin.jsonfile"}
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# How long a job stopped by a cancel gets to write what it has before SIGKILL: the generate job's own
+# --stop-grace (30 s by default) for the requests in flight, and a margin.
+JOB_STOP_GRACE_S = 40.0
 
 
 # --- results --------------------------------------------------------------------------------------
@@ -402,6 +406,9 @@ class RunHandle:
         self._hostvars_ready = threading.Event()
         self._ansible_pid: int | None = None
         self._doomed: list[psutil.Process] | None = None
+        # status files of jobs this run was seen running on hosts the controller reads (path -> pid)
+        self._jobs: dict[Path, int] = {}
+        self._job_notes: list[str] = []
         self._stdout = None
         self._result: RunResult | None = None
         self._started = time.time()
@@ -506,6 +513,10 @@ class RunHandle:
                 changes = watcher.poll()
             except OSError:
                 changes = []
+            with self._lock:
+                for path, status in changes:
+                    if not status.finished and status.pid:
+                        self._jobs[path] = int(status.pid)
             self._emit(
                 JobProgress(created=_now_iso(), job=status.job, host=host, status=status, source=str(path))
                 for path, status in changes
@@ -531,6 +542,8 @@ class RunHandle:
                 status, rc = runner.status, runner.rc
                 if self._doomed:
                     procs.terminate(self._doomed)
+                if status == "canceled":
+                    self._stop_jobs()
         except Exception as exc:  # runner could not start: report it as the run's error, not a traceback
             log.debug("ansible-runner failed", exc_info=True)
             error = f"{type(exc).__name__}: {exc}"
@@ -554,6 +567,7 @@ class RunHandle:
         )
         if error:
             result.error = error
+        result.warnings.extend(self._job_notes)
         result.artifact_dir = self.artifact_dir
         result.inventory = [str(p) for p in self._inventory]
         result.tags = self._tags
@@ -571,6 +585,44 @@ class RunHandle:
             )
         self._result = result
         self._finished.set()
+
+    def _stop_jobs(self) -> None:
+        """After a cancel: stop the jobs this run started on hosts the controller reads (SIGTERM: a job
+        writes what it has and marks its status ``interrupted``; the next run resumes it), and say plainly
+        that jobs on other hosts go on, and how to stop them. Notes go to the result's warnings."""
+        from regen.runner.progress import find_status_files, read_status_file
+
+        hostvars = self._resolve_hostvars()
+        _, work_dirs = _art.data_roots(hostvars)
+        with self._lock:
+            jobs = dict(self._jobs)
+        for path in find_status_files(work_dirs):  # a job that started after the watcher's last look
+            status = read_status_file(path)
+            if status is not None and not status.finished and status.pid and path not in jobs:
+                jobs[path] = int(status.pid)
+        for path, pid in sorted(jobs.items()):
+            try:
+                proc = psutil.Process(pid)
+                ours = proc.create_time() >= self._started - 1  # started by this run, not an older one
+            except psutil.Error:
+                continue
+            if not ours or not procs.still_running(proc):
+                continue
+            procs.terminate([proc], grace=JOB_STOP_GRACE_S)
+            after = read_status_file(path)
+            state = after.state if after is not None else "unknown"
+            self._job_notes.append(
+                f"stopped the {after.job if after else 'job'} job this run started (pid {pid}; {path}: "
+                f"{state}); it keeps what it wrote and the next run resumes it"
+            )
+        remote = sorted(h for h, v in hostvars.items() if not _art.host_is_local(h, v))
+        if remote:
+            self._job_notes.append(
+                f"jobs this run started on {', '.join(remote)} (generate, tokenize, training) go on until "
+                "they end: the next run waits for them or resumes them; to stop one now, send it SIGTERM on "
+                "its host (`kill -TERM PID`, the pid is in the job's status.json under regen_work_dir): it "
+                "keeps what it wrote"
+            )
 
     def _scrub_unread_partials(self) -> None:
         # runner's callback writes each event's data to job_events/<uuid>-partial.json before runner reads,
@@ -605,6 +657,12 @@ def _environment(
     callback = project.cfg_value("stdout_callback")
     if callback and "ANSIBLE_STDOUT_CALLBACK" not in os.environ:
         env["ORIGINAL_STDOUT_CALLBACK"] = callback
+    # runner sets ANSIBLE_CALLBACK_PLUGINS (to add its own directory), which hides ansible.cfg's
+    # callback_plugins: name the checkout's again, so the callback ansible.cfg names is found.
+    plugins = project.cfg_path("callback_plugins")
+    if plugins is not None:
+        present = os.environ.get("ANSIBLE_CALLBACK_PLUGINS", "")
+        env["ANSIBLE_CALLBACK_PLUGINS"] = os.pathsep.join(p for p in (present, str(plugins)) if p)
     if "ANSIBLE_HOST_KEY_CHECKING" not in os.environ:
         env["ANSIBLE_HOST_KEY_CHECKING"] = project.cfg_value("host_key_checking") or "True"
     plugin = project.cfg_value("fact_caching")
@@ -684,6 +742,9 @@ def run_async(
     )
     env = _environment(project, envvars, Path(fact_cache_dir) if fact_cache_dir else None)
     ident = ident or _make_ident([s.name for s in chosen] if wanted else [])
+    # One id per run wherever it is shown: the history callback (plugins/callback/regen_history.py) records
+    # this run under runner's ident, and the manifest the summary stage writes names it too.
+    env["REGEN_RUN_ID"] = ident
 
     cmdline: list[str] = []
     if check:
@@ -840,13 +901,87 @@ def load_run(artifact_dir: Path, *, stages: Sequence[Stage] = ()) -> RunResult:
     return result
 
 
+def _stage_status(counts: StageCounts) -> str:
+    if counts.failed or counts.unreachable:
+        return "failed"
+    if counts.changed:
+        return "changed"
+    if counts.ok:
+        return "ok"
+    return "skipped" if counts.skipped else "not run"  # a play --tags left without a task
+
+
+def load_recorded_run(path: Path, *, stages: Sequence[Stage] = ()) -> RunResult | None:
+    """A run from the run history (``ARTIFACTS/runs/history/<id>.json``, written by the regen_history
+    callback for every ansible-playbook run, ``make regen`` and plain ``ansible-playbook`` included), or
+    None when ``path`` is no such document. A run still marked running whose process is gone was
+    interrupted: ``canceled``."""
+    from regen.fsio import read_json_object
+
+    doc = read_json_object(path)
+    if not doc or doc.get("schema") != "regen.run/1":
+        return None
+    status = str(doc.get("status") or "unknown")
+    pid = doc.get("pid")
+    if status == "running" and not (isinstance(pid, int) and psutil.pid_exists(pid)):
+        status = "canceled"
+    by_play = play_stage_map(stages)
+    summaries: dict[str, StageSummary] = {}
+    for play in doc.get("plays") or []:
+        name = by_play.get(str(play.get("name")), str(play.get("name")))
+        summary = summaries.setdefault(name, StageSummary(name=name, status="not run"))
+        counts = {k: summary.counts.__dict__[k] + int((play.get("counts") or {}).get(k, 0))
+                  for k in ("ok", "changed", "failed", "unreachable", "skipped")}
+        summary.counts = StageCounts(**counts)
+        summary.status = _stage_status(summary.counts)
+        summary.started = summary.started or play.get("started")
+        summary.finished = play.get("finished") or summary.finished
+    ordered = [summaries.pop(s.name) for s in stages if s.name in summaries] + list(summaries.values())
+    failures = [
+        FailedTask(
+            stage=by_play.get(str(f.get("play"))), play=f.get("play"), task=str(f.get("task")),
+            host=str(f.get("host")), message=str(f.get("message") or ""), action=f.get("action"),
+            unreachable=bool(f.get("unreachable")),
+        )
+        for f in doc.get("failures") or []
+    ]
+    result = RunResult(
+        ident=str(doc.get("ident") or path.stem),
+        status=status,
+        rc=doc.get("rc"),
+        check=bool(doc.get("check")),
+        stages=ordered,
+        hosts={h: HostStats(**c) for h, c in (doc.get("hosts") or {}).items()},
+        failed_task=failures[0] if failures else None,
+        failures=failures,
+        started=doc.get("started"),
+        finished=doc.get("finished"),
+        duration=doc.get("duration"),
+        inventory=list(doc.get("inventory") or []),
+        tags=list(doc.get("tags") or []),
+    )
+    result.artifact_dir = path
+    return result
+
+
+def history_dirs(root: Path) -> list[Path]:
+    """The artifacts directories of a checkout whose run history `regen status` reads: ``artifacts/``
+    and one level below it (an inventory whose ``regen_artifacts_dir`` is ``artifacts/<inventory>``)."""
+    base = root / "artifacts"
+    below = sorted(p.parent.parent for p in base.glob("*/runs/history")) if base.is_dir() else []
+    return [base, *below]
+
+
 def history(
     *,
     project_dir: str | os.PathLike[str] | None = None,
     private_data_dir: str | os.PathLike[str] | None = None,
     limit: int = 10,
+    artifacts_dirs: Sequence[str | os.PathLike[str]] | None = None,
 ) -> list[RunResult]:
-    """The last ``limit`` runs recorded in ``private_data_dir``, newest first."""
+    """The last ``limit`` runs, newest first: those runner recorded in ``private_data_dir`` (``regen run``)
+    and those of the run history in ``artifacts_dirs`` (default :func:`history_dirs`) that runner did not
+    (``make regen``, ``ansible-playbook``). A run ``regen run`` started is in both under one id."""
     project = find_project(project_dir)
     pdd = (
         Path(private_data_dir).expanduser().resolve()
@@ -854,4 +989,24 @@ def history(
         else project.default_private_data_dir
     )
     stages = discover_stages(project.root)
-    return [load_run(d, stages=stages) for d in _art.run_dirs(pdd)[:limit]]
+    runs = [load_run(d, stages=stages) for d in _art.run_dirs(pdd)[:limit]]
+    known = {r.ident for r in runs}
+    dirs = [Path(d) for d in artifacts_dirs] if artifacts_dirs is not None else history_dirs(project.root)
+    from regen.provenance import history_records
+
+    for directory in dirs:
+        for path in history_records(directory)[-limit:]:
+            if path.stem not in known:
+                recorded = load_recorded_run(path, stages=stages)
+                if recorded is not None:
+                    runs.append(recorded)
+                    known.add(recorded.ident)
+    runs.sort(key=lambda r: _started_key(r.started), reverse=True)
+    return runs[:limit]
+
+
+def _started_key(started: str | None) -> float:
+    try:
+        return datetime.fromisoformat(str(started)).timestamp()
+    except ValueError:
+        return 0.0

@@ -25,6 +25,7 @@ from typing import Any
 
 from regen import records
 from regen.fsio import read_json_object
+from regen.runner.errors import BadInput, ExitCode
 
 SUMMARY_FILE = "regen_summary.json"
 _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
@@ -99,6 +100,9 @@ def inventory_query(
         timeout=timeout,
         check=False,
     )
+    if proc.returncode == ExitCode.BAD_INPUT:  # _ansible_helper: Ansible cannot parse the inventory
+        # a broken inventory is the caller's input, not a passing trouble: no command goes on without it
+        raise BadInput(proc.stderr.strip() or "the inventory cannot be read")
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"could not read the inventory: {last}")

@@ -26,6 +26,7 @@ Ansible's own meaning (``ok`` includes ``changed``) so it matches ``PLAY RECAP``
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -145,7 +146,8 @@ class TaskStarted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskResult(Event):
-    """A host's result for a task. ``message`` is the failure (or skip) reason, empty when ok."""
+    """A host's result for a task. ``message`` is the failure (or skip) reason, or what a debug ("Show
+    ...") task printed; empty for other results."""
 
     kind: ClassVar[str] = "task_result"
     stage: str | None
@@ -293,6 +295,22 @@ _RESULT_EVENTS = {
     "runner_on_async_failed": TaskStatus.FAILED,
 }
 _ALWAYS_ACTIONS = {"ansible.builtin.validate_argument_spec", "validate_argument_spec"}
+# The "Show ..." tasks: what they print is for people, in `regen run` as in ansible-playbook's output.
+_DEBUG_ACTIONS = {"ansible.builtin.debug", "debug"}
+
+
+def shown_message(res: object) -> str:
+    """The text a debug task printed (its `msg`: a string, lines of a list, or JSON), else ''."""
+    if not isinstance(res, Mapping) or "msg" not in res:
+        return ""
+    msg = res["msg"]
+    if isinstance(msg, str):
+        return msg
+    if isinstance(msg, list) and all(isinstance(line, str) for line in msg):
+        return "\n".join(msg)
+    return json.dumps(msg, indent=1, default=str)
+
+
 _OUTPUT_EVENTS = ("warning", "deprecated", "error", "system_warning", "verbose", "debug")
 
 
@@ -443,8 +461,9 @@ class EventParser:
         message = (
             failure_message(res)
             if status in (TaskStatus.FAILED, TaskStatus.UNREACHABLE, TaskStatus.SKIPPED)
+            else shown_message(res) if data.get("task_action") in _DEBUG_ACTIONS
             else ""
-        )
+        )  # fmt: skip
         host = str(data.get("host", ""))
         task = str(data.get("task", ""))
         records: list[Event] = [

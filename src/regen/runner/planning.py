@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from regen.runner import artifacts as _art
-from regen.runner.api import RunResult, _environment, history, run
+from regen.runner.api import RunResult, _environment, history, history_dirs, run
+from regen.runner.errors import BadInput
 from regen.runner.events import Event
 from regen.runner.project import find_project
 from regen.runner.stages import discover_stages
@@ -84,12 +85,18 @@ def same_inventory(recorded: Sequence[str], inventory: Path) -> bool:
         return False
 
 
-def _runs_of(project_dir: Path, private_data_dir: Path | None, inventory: Path) -> list[RunResult]:
-    """The recorded runs (newest first) of this inventory only: runs of another inventory that share the
-    runner's records or the artifacts directory say nothing about this one."""
+def _runs_of(
+    project_dir: Path, private_data_dir: Path | None, inventory: Path, artifacts_dirs: Sequence[Path] = ()
+) -> list[RunResult]:
+    """The recorded runs (newest first) of this inventory only, however they were started (runner's records
+    and the run history in the checkout's and the inventory's artifacts directories): runs of another
+    inventory that share the runner's records or the artifacts directory say nothing about this one."""
+    dirs = list(dict.fromkeys([*history_dirs(project_dir), *artifacts_dirs]))
     return [
         past
-        for past in history(project_dir=project_dir, private_data_dir=private_data_dir, limit=50)
+        for past in history(
+            project_dir=project_dir, private_data_dir=private_data_dir, limit=50, artifacts_dirs=dirs
+        )
         if same_inventory(past.inventory, inventory)
     ]
 
@@ -151,6 +158,8 @@ def plan(
             names=("regen_artifacts_dir", "regen_work_dir", "regen_model_path"),
             patterns=patterns,
         )
+    except BadInput:
+        raise  # an inventory Ansible cannot parse: the plan of it would be a plan of nothing
     except Exception as exc:
         report.warnings.append(str(exc))
         query = {"hosts": {}, "patterns": {}}
@@ -158,7 +167,7 @@ def plan(
         s.name: sorted({h for p in s.plays for h in query["patterns"].get(p.hosts, [])}) for s in stages
     }
     pdd = Path(private_data_dir).expanduser().resolve() if private_data_dir else None
-    runs = _runs_of(project.root, pdd, inventory_path)
+    runs = _runs_of(project.root, pdd, inventory_path, _art.data_roots(query["hosts"])[0])
     last = _last_runs(runs)
 
     check: RunResult | None = None

@@ -173,7 +173,7 @@ def histogram_png(doc: dict[str, Any]) -> bytes:
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", metadata={"Software": None})
+        fig.savefig(buf, format="png", metadata={"Software": None}, bbox_inches="tight")  # labels kept whole
         return buf.getvalue()
     finally:
         plt.close(fig)

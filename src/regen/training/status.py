@@ -66,6 +66,30 @@ def new_status(total_steps: int | None = None, **extra: Any) -> dict[str, Any]:
     }
 
 
+# The loss of one step swings widely (0.3 to 2.5 on the demo); the summary reports an exponential moving
+# average over about this many steps (bias-corrected, so the first steps are not pulled towards 0), and
+# plots the curve from at most LOSS_CURVE_POINTS (step, loss) pairs (halved by dropping every other one
+# when full, so a long run keeps an even sample of its whole length).
+LOSS_SMOOTHING_STEPS = 20
+LOSS_CURVE_POINTS = 400
+
+
+def _fold_loss(status: dict[str, Any], step: int, loss: Any) -> None:
+    if not isinstance(loss, int | float) or isinstance(loss, bool) or loss != loss:
+        return
+    beta = 1.0 - 2.0 / (LOSS_SMOOTHING_STEPS + 1)
+    count = int(status.get("loss_count") or 0) + 1
+    raw = beta * float(status.get("loss_ema_raw") or 0.0) + (1.0 - beta) * float(loss)
+    status["loss_count"] = count
+    status["loss_ema_raw"] = raw
+    status["loss_smoothed"] = raw / (1.0 - beta**count)
+    status["loss_smoothing_steps"] = LOSS_SMOOTHING_STEPS
+    curve = status.setdefault("loss_curve", [])
+    curve.append([step, float(loss)])
+    if len(curve) > LOSS_CURVE_POINTS:
+        status["loss_curve"] = curve[::2] if curve[-1] == curve[::2][-1] else [*curve[::2], curve[-1]]
+
+
 def apply_line(status: dict[str, Any], line: str, now: float | None = None) -> bool:
     """Fold one log line into the status; True when the status changed in a way worth writing."""
     status["log_lines"] = status.get("log_lines", 0) + 1
@@ -81,6 +105,7 @@ def apply_line(status: dict[str, Any], line: str, now: float | None = None) -> b
     status["state"] = "running"
     status["done"] = step
     status["loss"] = metrics.get("loss")
+    _fold_loss(status, step, metrics.get("loss"))
     status["acc"] = metrics.get("acc")
     status["lr"] = metrics.get("lr")
     status["grad_norm"] = metrics.get("grad_norm")

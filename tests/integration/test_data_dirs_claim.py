@@ -1,0 +1,50 @@
+"""Item 5 of issue 26 (a work directory per inventory): the first run claims its work and artifacts
+directories for its inventory; a stage run alone from another inventory that names the same directories
+(a copy of inventory/local with other prompts) stops before it touches them, naming the fix; with
+directories of its own, or regen_shared_dirs on purpose, it goes on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.helpers.ansible import ROOT, run_playbook
+
+CHECK = "playbooks/check_variables.yml"
+
+
+def _copy_of_local(tmp_path: Path) -> Path:
+    inventory = tmp_path / "mine"
+    shutil.copytree(ROOT / "inventory" / "local", inventory)
+    group_vars = inventory / "group_vars" / "all.yml"
+    text = group_vars.read_text().replace('"{{ inventory_dir | dirname | dirname }}"', f'"{ROOT}"')
+    group_vars.write_text(text)
+    return inventory
+
+
+def test_a_second_inventory_does_not_run_on_the_first_ones_directories(tmp_path: Path) -> None:
+    dirs = {"regen_work_dir": str(tmp_path / "work"), "regen_artifacts_dir": str(tmp_path / "artifacts")}
+    first = run_playbook(CHECK, extra_vars=dirs, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    owner = json.loads((tmp_path / "artifacts" / ".regen-owner.json").read_text())
+    assert owner == {"inventory": str(ROOT / "inventory" / "local")}
+    again = run_playbook(CHECK, extra_vars=dirs, timeout=120)
+    assert again.recap["localhost"]["changed"] == 0  # claimed once
+
+    mine = _copy_of_local(tmp_path)
+    before = sorted(p.name for p in (tmp_path / "work").iterdir())
+    stage = run_playbook("regen.yml", "--tags", "prompts", inventory=mine, extra_vars=dirs, timeout=300)
+    output = " ".join((stage.stdout + stage.stderr).split())
+    assert stage.returncode != 0, output
+    assert f"holds the data of inventory {ROOT / 'inventory' / 'local'}" in output, output
+    assert "regen_shared_dirs: true" in output and "regen_artifacts_dir" in output
+    assert "PLAY [Build the prompt set]" not in output
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == before  # nothing written there
+
+    own = {"regen_work_dir": str(tmp_path / "work-mine"), "regen_artifacts_dir": str(tmp_path / "art-mine")}
+    separate = run_playbook(CHECK, inventory=mine, extra_vars=own, timeout=120)
+    assert separate.returncode == 0, separate.stdout + separate.stderr
+    assert json.loads((tmp_path / "work-mine" / ".regen-owner.json").read_text()) == {"inventory": str(mine)}
+    shared = run_playbook(CHECK, inventory=mine, extra_vars={**dirs, "regen_shared_dirs": True}, timeout=120)
+    assert shared.returncode == 0, shared.stdout + shared.stderr
