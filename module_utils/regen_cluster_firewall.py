@@ -13,6 +13,7 @@ Pure functions; ``library/cluster_firewall_info.py`` wraps them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import re
@@ -99,11 +100,9 @@ def guarded_services(services, groups, host, overrides=None, inventory_addresses
                 )
             seen_ports[port] = name
         sources = {host_address(h, overrides, inventory_addresses) for h in remote}
-        if host in all_hosts:
-            try:
-                sources.add(host_address(host, overrides, inventory_addresses))
-            except FirewallPlanError:
-                pass  # this host without a cluster address: its own processes use loopback
+        # This host without a cluster address: its own processes use loopback, admitted anyway.
+        with contextlib.suppress(FirewallPlanError):
+            sources.add(host_address(host, overrides, inventory_addresses))
         rules.append(
             {
                 "name": name,

@@ -1,5 +1,5 @@
 """The sources admitted to the pipeline's unauthenticated services (module_utils/regen_cluster_firewall.py,
-library/cluster_firewall_info.py): derived from the inventory's groups, only where users are on other hosts."""
+library/cluster_firewall_info.py): derived from the inventory's groups, only where users are elsewhere."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ GROUPS = {
     "regen_serve": ["serve1"],
     "regen_train": ["train1", "train2"],
 }
-ADDRESSES = {"serve1": "192.0.2.10", "train1": "192.0.2.21", "train2": "2001:db8::22", "outsider": "192.0.2.99"}
+ADDRESSES = {
+    "serve1": "192.0.2.10", "train1": "192.0.2.21", "train2": "2001:db8::22", "outsider": "192.0.2.99",
+}
 CAPTURE = {"name": "capture server", "ports": [30200], "servers": ["regen_serve"], "clients": ["regen_train"]}
 MOONCAKE = {
     "name": "mooncake master",
@@ -47,7 +49,8 @@ def test_a_host_serves_only_its_own_services() -> None:
 
 def test_every_user_on_the_service_host_needs_no_rule_and_no_address() -> None:
     groups = {"all": ["localhost"], "regen_serve": ["localhost"], "regen_train": ["localhost"]}
-    plan = firewall_plan([CAPTURE, MOONCAKE | {"servers": ["localhost"]}], groups, "localhost", "regen_cluster")
+    services = [CAPTURE, MOONCAKE | {"servers": ["localhost"]}]
+    plan = firewall_plan(services, groups, "localhost", "regen_cluster")
     assert plan["needed"] is False
     assert plan["rules"] == [] and plan["ruleset"] == ""
 
@@ -60,7 +63,8 @@ def test_cluster_addresses_override_ansible_host() -> None:
 
 
 def test_a_client_without_an_ip_address_is_refused_naming_the_variables() -> None:
-    with pytest.raises(FirewallPlanError, match=r"train1 .*ansible_host.*cluster_firewall_addresses\['train1'\]"):
+    expected = r"train1 .*ansible_host.*cluster_firewall_addresses\['train1'\]"
+    with pytest.raises(FirewallPlanError, match=expected):
         guarded_services([CAPTURE], GROUPS, "serve1", inventory_addresses={"train1": "gpu-a.example"})
 
 
@@ -89,7 +93,9 @@ def test_the_ruleset_replaces_only_its_own_table_and_drops_the_rest_of_the_ports
     rules = guarded_services([CAPTURE], GROUPS, "serve1", inventory_addresses=ADDRESSES)
     script, digest = render_ruleset("regen_cluster", rules)
     lines = script.splitlines()
-    assert lines[:3] == ["table inet regen_cluster", "delete table inet regen_cluster", "table inet regen_cluster {"]
+    assert lines[:3] == [
+        "table inet regen_cluster", "delete table inet regen_cluster", "table inet regen_cluster {",
+    ]
     assert "flush ruleset" not in script
     assert f'comment "regen {digest}"' in script
     assert "tcp dport { 30200 } ip saddr { 192.0.2.10, 192.0.2.21 } accept" in script
