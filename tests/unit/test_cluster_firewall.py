@@ -19,7 +19,10 @@ GROUPS = {
     "regen_train": ["train1", "train2"],
 }
 ADDRESSES = {
-    "serve1": "192.0.2.10", "train1": "192.0.2.21", "train2": "2001:db8::22", "outsider": "192.0.2.99",
+    "serve1": "192.0.2.10",
+    "train1": "192.0.2.21",
+    "train2": "2001:db8::22",
+    "outsider": "192.0.2.99",
 }
 CAPTURE = {"name": "capture server", "ports": [30200], "servers": ["regen_serve"], "clients": ["regen_train"]}
 MOONCAKE = {
@@ -94,7 +97,9 @@ def test_the_ruleset_replaces_only_its_own_table_and_drops_the_rest_of_the_ports
     script, digest = render_ruleset("regen_cluster", rules)
     lines = script.splitlines()
     assert lines[:3] == [
-        "table inet regen_cluster", "delete table inet regen_cluster", "table inet regen_cluster {",
+        "table inet regen_cluster",
+        "delete table inet regen_cluster",
+        "table inet regen_cluster {",
     ]
     assert "flush ruleset" not in script
     assert f'comment "regen {digest}"' in script
@@ -112,8 +117,13 @@ def test_a_table_name_nft_would_misread_is_refused() -> None:
 
 
 def test_module_returns_the_plan_and_fails_with_the_message(capsys) -> None:
-    args = {"services": [CAPTURE], "groups": GROUPS, "host": "serve1", "table": "regen_cluster",
-            "inventory_addresses": ADDRESSES}
+    args = {
+        "services": [CAPTURE],
+        "groups": GROUPS,
+        "host": "serve1",
+        "table": "regen_cluster",
+        "inventory_addresses": ADDRESSES,
+    }
     result = run_module("cluster_firewall_info", args, capsys)
     assert result["needed"] is True and result["changed"] is False
     assert result["rules"][0]["clients"] == ["train1", "train2"]
