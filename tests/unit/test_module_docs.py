@@ -191,6 +191,10 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         overrides = {"completions_max_tokens": None, "completions_concurrency": None,
                      "completions_chat_template_kwargs": None}
         return {"stage": "generate", "plan": KIMI_FACTS["plan"], "overrides": overrides}
+    if name == "cluster_firewall_info":
+        service = {"name": "capture server", "ports": [30200], "servers": ["a"], "clients": ["b"]}
+        return {"services": [service], "groups": {"all": ["a", "b"]}, "host": "a", "table": "regen_cluster",
+                "inventory_addresses": {"a": "192.0.2.1", "b": "192.0.2.2"}}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 
