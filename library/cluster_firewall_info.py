@@ -69,6 +69,11 @@ rules:
   returned: always
   type: list
   elements: dict
+summary:
+  description: One line per guarded service (ports, admitted hosts and addresses) for the play's output.
+  returned: always
+  type: list
+  elements: str
 ruleset:
   description: The nft script that replaces the table atomically (empty when not needed).
   returned: always

@@ -157,4 +157,15 @@ def firewall_plan(services, groups, host, table, overrides=None, inventory_addre
     """Everything the role needs: the guarded services, whether a table is needed, its script and digest."""
     rules = guarded_services(services, groups, host, overrides, inventory_addresses)
     script, digest = render_ruleset(table, rules)
-    return {"needed": bool(rules), "rules": rules, "ruleset": script if rules else "", "digest": digest}
+    summary = [
+        f"{r['name']} (TCP {', '.join(map(str, r['ports']))}): admits {', '.join(r['clients'])} "
+        f"({', '.join(r['ipv4'] + r['ipv6'])}), drops the rest"
+        for r in rules
+    ]
+    return {
+        "needed": bool(rules),
+        "rules": rules,
+        "summary": summary or ["no service here has users on other hosts: nothing to guard"],
+        "ruleset": script if rules else "",
+        "digest": digest,
+    }
