@@ -317,7 +317,7 @@ from ansible.module_utils.regen_drafter import (
 )
 from ansible.module_utils.regen_gpu import nccl_decision
 from ansible.module_utils.regen_plan import nested
-from ansible.module_utils.regen_training_topology import TopologyError, plan_topology
+from ansible.module_utils.regen_training_topology import TopologyError, layout_refusal, plan_topology
 
 
 def _free_bytes(path):
@@ -607,10 +607,16 @@ def main():
                     p["samples"], p["epochs"], world, p["batch_size"], p["accumulation_steps"], p["max_steps"]
                 )
         if placement["mode"] == "rolling" and topology["nnodes"] > 1:
-            raise TopologyError(
+            raise layout_refusal(
                 "rolling offline trains on one host, whose GPUs take turns between the target and the "
-                f"trainer; regen_train has {topology['nnodes']} hosts ({', '.join(p['hosts'])}): train "
-                "offline or online across them, or rolling on one (limit the play to it)"
+                f"trainer; regen_train has {topology['nnodes']} hosts ({', '.join(p['hosts'])})"
+            )
+        if placement["mode"] == "online" and topology["nnodes"] > 1:
+            # SpecForge's supervisor runs the producer and the consumer ranks as one process tree on one
+            # host; torchrun across hosts under it is not wired (the train stage refuses it too).
+            raise layout_refusal(
+                "online training runs SpecForge's producer and every trainer rank on one host; regen_train "
+                f"has {topology['nnodes']} hosts ({', '.join(p['hosts'])})"
             )
     except (DrafterPlanError, TopologyError, DisaggPlanError) as exc:
         module.fail_json(msg=str(exc))

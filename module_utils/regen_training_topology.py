@@ -49,6 +49,26 @@ class TopologyError(ValueError):
     """Inputs that cannot be planned; the message says which and how to fix it."""
 
 
+# The layouts across hosts the train stage runs (docs/multi-host.md); every refusal of another names them.
+SUPPORTED_MULTI_HOST_LAYOUTS = (
+    "every group on one host (offline, online or rolling)",
+    "serving and generation on different hosts (the completions job sends regen_api_key)",
+    "offline across the hosts of regen_train (torchrun, node ranks in inventory order, the rendezvous "
+    "store on the first; node rank 0 captures the features into a drafter_training_hidden_states_dir "
+    "every training host shares)",
+    "online with SpecForge's producer and every trainer rank on one host of regen_train, the capture "
+    "server on that host, or on other hosts started by you (role capture_server, playbooks/mooncake.yml) "
+    "and named in drafter_training_online_server_urls and drafter_training_online_mooncake",
+    "rolling on one host (limit the play to it)",
+)
+
+
+def layout_refusal(what):
+    """A TopologyError for a layout the train stage does not run, naming the ones it does."""
+    layouts = "; ".join(f"({n}) {layout}" for n, layout in enumerate(SUPPORTED_MULTI_HOST_LAYOUTS, 1))
+    return TopologyError(f"{what}. Supported layouts across hosts: {layouts} (docs/multi-host.md)")
+
+
 def _gib(value):
     return "%.1f GiB" % (float(value) / GIB)
 

@@ -48,3 +48,20 @@ def test_a_second_inventory_does_not_run_on_the_first_ones_directories(tmp_path:
     assert json.loads((tmp_path / "work-mine" / ".regen-owner.json").read_text()) == {"inventory": str(mine)}
     shared = run_playbook(CHECK, inventory=mine, extra_vars={**dirs, "regen_shared_dirs": True}, timeout=120)
     assert shared.returncode == 0, shared.stdout + shared.stderr
+
+
+def test_a_remote_hosts_work_directory_is_not_claimed_on_the_controller(tmp_path: Path) -> None:
+    """The claim runs on the controller (delegate_to: localhost), where `ansible_connection` reads `local`
+    for every host; a remote host's work directory is on that host and must not be claimed here (the
+    production example's /root/regen once was). Nothing connects to the remote host: every task of the
+    check is delegated."""
+    inventory = tmp_path / "remote.yml"
+    work = tmp_path / "remote-work"
+    inventory.write_text(
+        "all:\n  hosts:\n    gpu1:\n      ansible_host: 192.0.2.10\n"
+        f"      regen_work_dir: {work}\n      regen_artifacts_dir: {tmp_path / 'artifacts'}\n"
+    )
+    result = run_playbook(CHECK, inventory=inventory, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "artifacts" / ".regen-owner.json").is_file()  # the artifacts are the controller's
+    assert not work.exists()  # the remote host's directory is not made or claimed here

@@ -212,6 +212,10 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         return {"directories": [{"path": str(tmp_path / "a")}], "inventory": inventory}
     if name == "variable_names_check":
         return {"names": ["regen_profile", "ansible_host"], "roles_path": [str(ROOT / "roles")], "host": "h"}
+    if name == "cluster_firewall_info":
+        service = {"name": "capture server", "ports": [30200], "servers": ["a"], "clients": ["b"]}
+        return {"services": [service], "groups": {"all": ["a", "b"]}, "host": "a", "table": "regen_cluster",
+                "inventory_addresses": {"a": "192.0.2.1", "b": "192.0.2.2"}}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 
