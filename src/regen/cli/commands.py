@@ -401,7 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args, console)
     except BadInput as exc:
-        make_console(stderr=True).print(Text(f"regen: {exc}", style="bold red"))
+        # One line however long (a path, a variable name): a log is grepped, a wrapped message is not found.
+        make_console(stderr=True).print(Text(f"regen: {exc}", style="bold red"), soft_wrap=True)
         return int(ExitCode.BAD_INPUT)
     except KeyboardInterrupt:
         make_console(stderr=True).print(Text("regen: interrupted", style="magenta"))
