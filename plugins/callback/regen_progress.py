@@ -19,6 +19,10 @@ import time
 
 from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 
+# The controller runs from the project venv, where the regen package is: one duration format for the
+# jobs' status views and this progress line.
+from regen.jobs.eta import fmt_eta
+
 DOCUMENTATION = r"""
 name: regen_progress
 type: stdout
@@ -48,16 +52,6 @@ options:
 PROGRESS_FILE_SUFFIX = "_progress_file"
 
 
-def _duration(seconds):
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
 
 def _number(value):
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -79,7 +73,7 @@ def status_line(path):
     if done is not None and total:
         parts.append(f"{done:g}/{total:g} {document.get('item') or 'item'}s ({100 * done / total:.0f}%)")
     if eta is not None and eta >= 0:
-        parts.append(f"ETA {_duration(eta)}")
+        parts.append(f"ETA {fmt_eta(eta)}")
     line = document.get("line")
     if isinstance(line, str) and line:
         parts.append(line)
@@ -114,7 +108,7 @@ class CallbackModule(DefaultCallback):
         if self._last_task_banner != result._task._uuid:  # the banner first, as for any result
             self._print_task_banner(result._task)
         line = self._job_line(result)
-        waited = _duration(now - wait[0])
+        waited = fmt_eta(now - wait[0])
         text = f"  [{result._host.get_name()}] {result.task_name}: waiting {waited}"
         self._display.display(f"{text}: {line}" if line else f"{text}, the job is still running")
 
