@@ -25,7 +25,7 @@ regen: bootstrap ## run the whole pipeline on $(INVENTORY) (default: the embedde
 sweep: bootstrap ## measure serving layouts on $(INVENTORY) -> artifacts/sweep/report.md (ARGS="-e layout_sweep_force=true")
 	ansible-playbook -i $(INVENTORY) playbooks/sweep.yml $(ARGS)
 
-stop: bootstrap ## stop what the pipeline left running (the model server)
+stop: bootstrap ## stop what the pipeline left running (model servers, router, trainings, online stack)
 	ansible-playbook -i $(INVENTORY) playbooks/teardown.yml
 
 test: bootstrap lint ## every check: lint, unit + integration tests, end-to-end runs (molecule alongside)
