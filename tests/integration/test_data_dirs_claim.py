@@ -65,3 +65,20 @@ def test_a_remote_hosts_work_directory_is_not_claimed_on_the_controller(tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "artifacts" / ".regen-owner.json").is_file()  # the artifacts are the controller's
     assert not work.exists()  # the remote host's directory is not made or claimed here
+
+
+def test_a_copy_of_the_local_inventory_gets_directories_of_its_own(tmp_path: Path) -> None:
+    """`cp -r inventory/local inventory/mine` as a user does to bring other prompts: without a path set,
+    the copy's data goes to .work-mine/ and artifacts-mine/ beside the default's .work/ and artifacts/,
+    each claimed for its own inventory, and neither run stops the other."""
+    inventories = tmp_path / "inventory"
+    for name in ("local", "mine"):
+        shutil.copytree(ROOT / "inventory" / "local", inventories / name)  # regen_root: tmp_path
+    for name in ("local", "mine"):
+        run = run_playbook(CHECK, inventory=inventories / name, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+    suffix = {"local": "", "mine": "-mine"}
+    for name, end in suffix.items():
+        for directory in (f".work{end}", f"artifacts{end}"):
+            owner = json.loads((tmp_path / directory / ".regen-owner.json").read_text())
+            assert owner == {"inventory": str(inventories / name)}, directory
