@@ -46,6 +46,7 @@ def test_a_misspelled_extra_var_fails_and_a_declared_own_variable_passes(tmp_pat
 
 
 def test_the_shipped_inventories_pass_the_check() -> None:
-    for inventory in ("inventory/local", "inventory/production.example"):
+    shipped = ("inventory/local", "inventory/production.example", "inventory/production-two-hosts.example")
+    for inventory in shipped:
         run = run_playbook("playbooks/check_variables.yml", inventory=inventory, timeout=120)
         assert run.returncode == 0, (inventory, run.stdout + run.stderr)
