@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from regen.evaluate import serving as S
+from regen.module_utils.regen_plan import make_plan
 from tests.helpers.ansible import ansible_env, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,12 @@ def ct200(tmp_path: Path) -> dict:
     facts = json.loads((FIXTURES / "serving" / "facts-kimi-k2.6.json").read_text())
     facts.pop("_comment", None)
     facts.update(schema_version=1, model_path=str(model))
+    # The recorded facts predate the length budget and the generation settings the evaluate stage now
+    # reads from the plan (no fallback number any more): those parts are planned here from the same
+    # architecture and GPUs, as the introspect stage plans them; the recorded serving plan is kept.
+    planned = make_plan(facts["architecture"], None, facts["environment"]["gpu"])
+    facts["plan"]["length"] = planned["length"]
+    facts["plan"]["generation"] = {**planned["generation"], **facts["plan"]["generation"]}
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     (artifacts / "model_facts.json").write_text(json.dumps(facts))
@@ -84,6 +91,9 @@ def ct200(tmp_path: Path) -> dict:
         "evaluate_prompts": str(prompts),
         "drafter_evaluation_max_prompts": 3,
         "drafter_evaluation_max_new_tokens": 106,
+        # The recorded facts hold no tokenizer facts (the checkpoint's tokenizer is not among the fixtures),
+        # so the plan cannot name the thinking switch: set as an operator would (Kimi's template variable).
+        "drafter_evaluation_chat_template_kwargs": {"thinking": True},
     }
     return {"extra": extra, "export": export, "work": tmp_path / "work", "artifacts": artifacts}
 
