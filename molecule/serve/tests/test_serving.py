@@ -20,6 +20,13 @@ MODEL = "/root/models/regen-demo-kimi"
 HOST = "ct200-serve"
 UNIT = "regen-serve-main"
 URL = "http://127.0.0.1:30000"
+RUNNING_RECORD = {
+    "state": "running",
+    "kind": "server",
+    "endpoint": URL,
+    "api_base": f"{URL}/v1",
+    "served_model_name": MODEL,
+}
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 EPHEMERAL = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"))
 
@@ -115,7 +122,8 @@ def test_the_run_is_recorded_on_the_controller(host) -> None:
     assert launch["mode"] == "systemd" and launch["unit"] == UNIT
     assert launch["backend"] == "transformers"
     assert launch["endpoint"] == URL
-    assert json.loads((record / "state.json").read_text()) == {"state": "running"}
+    # What a stage run alone reads to reach this server (issue 23): where it listens and what it serves.
+    assert json.loads((record / "state.json").read_text()) == RUNNING_RECORD
     models = json.loads((record / "v1_models.json").read_text())
     assert MODEL in [m["id"] for m in models["data"]]
     facts = json.loads((EPHEMERAL / "artifacts" / "model_facts.json").read_text())
@@ -155,4 +163,4 @@ def test_serve_starts_it_again_when_asked(host) -> None:
     assert host.service(UNIT).is_running
     assert MODEL in [m["id"] for m in http(host, "/v1/models")["data"]]
     state = EPHEMERAL / "artifacts" / "serving" / f"{HOST}-main" / "state.json"
-    assert json.loads(state.read_text()) == {"state": "running"}
+    assert json.loads(state.read_text()) == RUNNING_RECORD
