@@ -36,11 +36,16 @@ def test_a_misspelled_extra_var_fails_and_a_declared_own_variable_passes(tmp_pat
     run = run_playbook("playbooks/check_variables.yml", extra_vars={"drafter_training_epoch": 3}, timeout=120)
     assert run.returncode != 0
     assert "drafter_training_epoch: did you mean drafter_training_epochs" in run.stdout
-    ok = run_playbook(
-        "playbooks/check_variables.yml",
-        extra_vars={"my_cost_center": "ml", "regen_user_variables": ["my_cost_center"]},
-        timeout=120,
-    )
+    declared = {
+        "my_cost_center": "ml",
+        "regen_user_variables": ["my_cost_center"],
+        # Directories of this test's own: the first check claims them (a change), whatever ran before.
+        "regen_work_dir": str(tmp_path / "work"),
+        "regen_artifacts_dir": str(tmp_path / "artifacts"),
+    }
+    first = run_playbook("playbooks/check_variables.yml", extra_vars=declared, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    ok = run_playbook("playbooks/check_variables.yml", extra_vars=declared, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.recap["localhost"]["changed"] == 0
 
