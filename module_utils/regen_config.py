@@ -20,6 +20,9 @@ from . import regen_model_size
 from .regen_families import FAMILIES, TEXT_CONFIG_KEYS
 
 CONFIG_FILE = "config.json"
+# Released decoders have at most a few hundred layers; the facts hold one character per layer (the layer
+# pattern), so a damaged count (2**40) would take that much memory: beyond this it is ignored, with a warning.
+MAX_LAYERS = 10_000
 GENERATION_CONFIG_FILE = "generation_config.json"
 HF_QUANT_CONFIG_FILE = "hf_quant_config.json"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
@@ -102,7 +105,7 @@ class _Reader:
                     return key, scope[key]
         return None, None
 
-    def int(self, *keys, top_first=False, positive=True):
+    def int(self, *keys, top_first=False, positive=True, maximum=None):
         scopes = (self.top, self.text) if top_first else (self.text, self.top)
         key, value = self._lookup(keys, scopes)
         if key is None:
@@ -113,6 +116,11 @@ class _Reader:
                 "config.json: {} is {!r}, expected a {} integer; ignored".format(
                     key, value, "positive" if positive else "non-negative"
                 )
+            )
+            return None
+        if maximum is not None and number > maximum:
+            self.warnings.append(
+                f"config.json: {key} is {number}, more than {maximum:,} (no decoder has that many); ignored"
             )
             return None
         return number
@@ -509,7 +517,7 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
         )
     architectures = _string_list(config.get("architectures")) or _string_list(text.get("architectures"))
     hidden_size = r.int("hidden_size", "d_model", "n_embd", "dim")
-    num_layers = r.int("num_hidden_layers", "n_layers", "num_layers", "n_layer")
+    num_layers = r.int("num_hidden_layers", "n_layers", "num_layers", "n_layer", maximum=MAX_LAYERS)
     for name, value in (("hidden_size", hidden_size), ("num_hidden_layers", num_layers)):
         if value is None:
             warnings.append(f"config.json: {name} not found; size estimates are unavailable")
@@ -525,7 +533,9 @@ def normalize_config(config, generation_config=None, hf_quant_config=None):
         "intermediate_size": r.int("intermediate_size", "ffn_hidden_size"),
         "num_layers": num_layers,
         # DeepSeek/GLM/Kimi name the MTP depth num_nextn_predict_layers; Qwen3.5 MoE mtp_num_hidden_layers.
-        "mtp_layers": r.int("num_nextn_predict_layers", "mtp_num_hidden_layers", positive=False) or 0,
+        "mtp_layers": r.int(
+            "num_nextn_predict_layers", "mtp_num_hidden_layers", positive=False, maximum=MAX_LAYERS
+        ) or 0,
         "vocab_size": vocab_size,
         "max_position_embeddings": r.int(
             "max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"

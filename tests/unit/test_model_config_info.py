@@ -451,6 +451,15 @@ def test_unknown_architecture_returns_what_it_can() -> None:
     assert "mystery" in text and "num_hidden_layers is 'six'" in text and "num_attention_heads" in text
 
 
+def test_an_absurd_layer_count_is_ignored_not_allocated() -> None:
+    # The layer pattern holds a character per layer: 2**40 layers (a damaged file, or the property test
+    # below) once took the test run's 23 GB before the OOM killer stopped it.
+    arch = normalize_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2**40,
+                             "num_attention_heads": 4, "vocab_size": 100})  # fmt: skip
+    assert arch["num_layers"] is None and arch["layer_pattern"] is None
+    assert any("num_hidden_layers is 1099511627776, more than 10,000" in w for w in arch["warnings"])
+
+
 # --- property test: random JSON shapes never crash the parser ---------------------------------------
 
 _json_values = st.recursive(
