@@ -267,6 +267,7 @@ def _bind_capture_server_wildcard(work: Path, rng: random.Random, _ctx: dict[str
 
 
 def _evaluate_credentialed_endpoint(work: Path, rng: random.Random, ctx: dict[str, Any]) -> Case | str:
+    import regen.data as regen_data
     model = ctx.get("model_dir")
     if not model:
         return "needs model_dir (a target whose tokenizer renders the prompts)"
@@ -277,7 +278,8 @@ def _evaluate_credentialed_endpoint(work: Path, rng: random.Random, ctx: dict[st
     (drafter / "config.json").write_text(json.dumps(config))
     secret = f"pw-{rng.randrange(10**9)}"
     out = work / "out"
-    prompts = Path(__file__).resolve().parents[1] / "data" / "demo_prompts.jsonl"
+    # The demo prompts the package ships (regen.data), wherever regen is imported from.
+    prompts = Path(regen_data.__file__).with_name("demo_prompts.jsonl")
     argv = ["regen.jobs.evaluate_serving", "run", "--target-model", str(model), "--checkpoint", str(drafter)]
     argv += [
         "--prompts",
