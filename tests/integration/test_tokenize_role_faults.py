@@ -66,6 +66,10 @@ def tokenize_stage(work: Path, model: Path, output: Path):
             "tokenized_data_workers": 1,
             "tokenized_data_shard_size": 300,
             "tokenized_data_poll_interval_s": 1,
+            # No introspect stage ran here, so no plan: the two plan-backed settings are set as an operator
+            # would set them (without them the stage stops naming both, before it starts a job).
+            "tokenized_data_max_length": 4096,
+            "tokenized_data_chat_template_kwargs": {},
         },
         env=ansible_env(ANSIBLE_CACHE_PLUGIN_CONNECTION=str(work / "facts")),
         timeout=600,
