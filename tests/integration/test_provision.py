@@ -431,7 +431,10 @@ def test_production_example_renders_serving_and_training_sets_in_check_mode(tmp_
     # No GPU here: in check mode the GPU gate is reported, not enforced, so the package sets still render.
     assert "check mode: provisioning would stop here: no GPU is visible" in output
     assert not Path("/root/venv_sglang").exists() and not Path("/root/venv_specforge").exists()
-    assert not (tmp_path / "artifacts").exists()
+    # Nothing but the controller's record of this run (the run history, marked check: true).
+    written = [p for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]
+    assert [p.relative_to(tmp_path / "artifacts").parts[:2] for p in written] == [("runs", "history")]
+    assert json.loads(written[0].read_text())["check"] is True
 
 
 def test_production_example_without_check_mode_stops_at_the_gpu_gate(tmp_path: Path) -> None:
