@@ -107,4 +107,10 @@ def test_check_mode_on_a_fresh_host_previews_without_failing_or_writing(tmp_path
     flowing = " ".join(run.output.split())
     assert "cannot be previewed on localhost" in flowing
     assert "TASK [completions" not in run.output and "TASK [drafter_training" not in run.output
-    assert not work.exists() and not artifacts.exists()
+    assert not work.exists()
+    # Nothing in the artifacts but the controller's record of this run (the run history, check: true) and
+    # the preflight's table (its output, written in check mode too, as `regen preflight` reads it).
+    written = {p.relative_to(artifacts).parts[0]: p for p in artifacts.rglob("*") if p.is_file()}
+    assert sorted(written) == ["preflight", "runs"], written
+    assert written["runs"].parent.name == "history"
+    assert json.loads(written["runs"].read_text())["check"] is True
