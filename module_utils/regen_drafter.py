@@ -21,6 +21,7 @@ import os
 import struct
 
 from .regen_config import DTYPE_BYTES
+from .regen_estimate import human_bytes
 from .regen_families import family_of, text_config
 from .regen_plan import (
     dflash_target_layer_ids,
@@ -381,15 +382,6 @@ def hidden_state_bytes_per_token(hidden_size, num_layers, dtype="bfloat16"):
             f"unknown hidden-state dtype {dtype!r}; use one of {sorted(HIDDEN_STATE_DTYPES)}"
         )
     return int(num_layers) * int(hidden_size) * DTYPE_BYTES[dtype]
-
-
-def human_bytes(value):
-    value = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(value) < 1024 or unit == "PiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024.0
-    return f"{int(value)} B"
 
 
 def disk_budget(free_bytes, max_fill=0.85, max_bytes=None):

@@ -29,7 +29,8 @@ def _human_seconds(seconds):
     return f"{minutes} min {int(seconds) % 60} s"
 
 
-def _human_bytes(value):
+def human_bytes(value):
+    """`512 B`, `1.5 GiB`: a size as an operator reads it (binary units; regen_drafter re-exports it)."""
     value = float(value)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if abs(value) < 1024 or unit == "PiB":
@@ -111,7 +112,7 @@ def run_estimate(arch, plan, rows=None, hidden_state_bytes=None, draft_layers=No
         size = int(rows * per_prompt_all * per_token)
         disk["completions_bytes"] = size
         disk["completions"] = (f"{rows:,} x {per_prompt_all:,} tokens x {per_token:.2f} B/token (the prompt "
-                               f"set's median UTF-8 bytes per token) = {_human_bytes(size)} of text (upper "
+                               f"set's median UTF-8 bytes per token) = {human_bytes(size)} of text (upper "
                                "bound)")
     else:
         disk["completions_bytes"] = None
@@ -121,7 +122,7 @@ def run_estimate(arch, plan, rows=None, hidden_state_bytes=None, draft_layers=No
         size = rows * per_prompt_all * hidden_state_bytes
         disk["features_bytes"] = size
         disk["features"] = (f"{rows:,} x {per_prompt_all:,} tokens x {hidden_state_bytes:,} B/token (target "
-                            f"layers x hidden x 2 B) = {_human_bytes(size)} if captured offline (online and "
+                            f"layers x hidden x 2 B) = {human_bytes(size)} if captured offline (online and "
                             "rolling runs keep a fraction of it)")
     else:
         disk["features_bytes"] = None
@@ -137,7 +138,7 @@ def run_estimate(arch, plan, rows=None, hidden_state_bytes=None, draft_layers=No
         disk["checkpoint_bytes"] = size
         disk["checkpoint"] = (f"{draft_layers} draft layers x (4 x {hidden}^2 attention + 3 x {hidden} x "
                               f"{inter} MLP) = {params:,} parameters x (2 B weights + 12 B FP32 optimizer "
-                              f"state) = {_human_bytes(size)} per resumable checkpoint (embeddings and LM "
+                              f"state) = {human_bytes(size)} per resumable checkpoint (embeddings and LM "
                               "head are the target's, not saved)")
     value["disk"] = disk
     lines += [f"disk, {k}: {v}" for k, v in disk.items() if not k.endswith("_bytes")]

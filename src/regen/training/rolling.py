@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.fsio import TMP_SUFFIX, atomic_write_json
+from regen.module_utils.regen_estimate import human_bytes
 from regen.training.capture import (
     CaptureError,
     Fingerprint,
@@ -102,15 +103,6 @@ _INPUT_KEYS = (
 
 class RollingError(Exception):
     """Bad input or a broken promise (the budget); the message says what and how to fix it."""
-
-
-def human_bytes(value: float) -> str:
-    value = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024.0
-    return f"{value:.1f} TiB"
 
 
 # --------------------------------------------------------------------------------------------------
