@@ -154,7 +154,8 @@ options:
       - Online mode settings. C(manage) true (the default) plans the stack the train stage starts itself
         (module_utils/regen_disagg.py) from C(bind_address), C(rpc_port), C(metadata_port) (the Mooncake
         master on the first training host), C(protocol), C(capture_port), C(segment_bytes),
-        C(local_buffer_bytes) and C(addresses) (inventory host to address, for capture hosts other than
+        C(local_buffer_bytes), C(transfer_ports) (first and last port of Mooncake's transfer engine
+        listeners) and C(addresses) (inventory host to address, for capture hosts other than
         the training host). C(manage) false takes external services from C(server_urls) and C(mooncake)
         (C(master_server_addr), C(metadata_server), C(local_hostname), C(protocol)).
       - Either way the control and consumer-state directories are per attempt, under
@@ -276,10 +277,12 @@ online:
   description:
     - The online stack, empty unless the hidden states stream. C(manage), C(attempt), C(attempt_reason),
       C(paths) (attempt directory, control and consumer-state directories), C(server_urls),
-      C(mooncake) (endpoints), C(capture_servers) (host, url, gpu_ids and the C(MOONCAKE_*) C(environment)
-      of each), C(layers), C(context_length), C(sglang_args) (the capture flags of the patched SGLang),
+      C(mooncake) (endpoints), C(capture_servers) (host, url, gpu_ids and the C(MOONCAKE_*) and
+      C(MC_*_RPC_PORT) C(environment) of each),
+      C(layers), C(context_length), C(sglang_args) (the capture flags of the patched SGLang),
       C(runtime) (SpecForge's flow-control watermarks) with its C(runtime_arithmetic), and
-      C(trainer_gpu_ids) of this host.
+      C(trainer_gpu_ids) of this host, C(transfer_env_args) (the launcher's C(--env) arguments that put
+      the producer's and consumer's transfer engine on the same port range).
   returned: success
   type: dict
 """
@@ -301,6 +304,7 @@ from ansible.module_utils.regen_disagg import (
     online_total_steps,
     runtime_watermarks,
     sglang_capture_args,
+    transfer_environment,
 )
 from ansible.module_utils.regen_drafter import (
     DrafterPlanError,
@@ -385,6 +389,8 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
     else:
         endpoints = dict(given.get("mooncake") or {})
         urls = list(given.get("server_urls") or [])
+    # Every Mooncake client of the run (capture servers, producer, consumer) on the same named port range.
+    transfer = transfer_environment(given.get("transfer_ports"))
     segment = int(given.get("segment_bytes") or 1 << 30)
     runtime, arithmetic = runtime_watermarks(
         segment, max(1, len(urls)), p["max_length"], states["bytes_per_token"], quantum
@@ -413,6 +419,7 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
                             int(given.get("local_buffer_bytes") or 64 << 20),
                             addresses.get(server["host"], bind),
                         ),
+                        **transfer,
                     ),
                 )
                 for server, url in zip(servers, urls, strict=True)
@@ -426,6 +433,11 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
         "runtime": runtime,
         "runtime_arithmetic": arithmetic,
         "trainer_gpu_ids": gpu_ids if gpu_ids else [],
+        # The producer's and the consumer's transfer engine: the same port range as the capture servers',
+        # as the launcher's --env arguments.
+        "transfer_env_args": [
+            arg for name, value in transfer.items() for arg in ("--env", f"{name}={value}")
+        ],
     }
     settings = {
         "server_urls": urls,

@@ -2,7 +2,8 @@
 
 The capture server, Mooncake's master and metadata server and torch's rendezvous store have no
 authentication of their own. When the inventory puts a service and its users on different hosts, the
-service must listen on a cluster address, and this host's own nftables table admits, on those TCP ports,
+service must listen on a cluster address, and this host's own nftables table admits, on those TCP ports
+(or port ranges, for Mooncake's transfer engine, which picks its listeners from one),
 only the addresses of the inventory hosts in the groups that use it; everything else is dropped for those
 ports. The table is regen's alone (``inet regen_cluster`` by default): it is replaced as a whole and never
 touches the host's other tables. A drop in any base chain is final in nftables, so this table only ever
@@ -53,15 +54,27 @@ def host_address(host, overrides, inventory_addresses):
 
 
 def _port(service, value):
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        port = 0
-    if not 0 < port < 65536 or isinstance(value, bool):
+    """One entry of a service's ports: a port (22) or a range ("15000-17000"), as (first, last)."""
+    text = str(value).strip()
+    first, sep, last = text.partition("-")
+    bounds = []
+    for part in (first, last) if sep else (first,):
+        try:
+            bounds.append(int(part))
+        except (TypeError, ValueError):
+            bounds.append(0)
+    if isinstance(value, bool) or not all(0 < b < 65536 for b in bounds) or bounds != sorted(bounds):
         raise FirewallPlanError(
-            f"cluster_firewall_services entry {service!r} has port {value!r}: a TCP port is 1-65535"
+            f"cluster_firewall_services entry {service!r} has port {value!r}: a TCP port is 1-65535, a "
+            "range is written first-last"
         )
-    return port
+    return bounds[0], bounds[-1]
+
+
+def _port_text(span):
+    """A port as an int, a range as "first-last" (nft's syntax for both)."""
+    first, last = span
+    return first if first == last else f"{first}-{last}"
 
 
 def guarded_services(services, groups, host, overrides=None, inventory_addresses=None):
@@ -92,13 +105,14 @@ def guarded_services(services, groups, host, overrides=None, inventory_addresses
         remote = sorted(clients - {host})
         if not remote:
             continue
-        for port in ports:
-            if port in seen_ports and seen_ports[port] != name:
-                raise FirewallPlanError(
-                    f"port {port} is listed by both {seen_ports[port]!r} and {name!r} in "
-                    "cluster_firewall_services: each service needs ports of its own"
-                )
-            seen_ports[port] = name
+        for span in ports:
+            for other, owner in seen_ports.items():
+                if owner != name and span[0] <= other[1] and other[0] <= span[1]:
+                    raise FirewallPlanError(
+                        f"port {_port_text(span)} of {name!r} overlaps port {_port_text(other)} of "
+                        f"{owner!r} in cluster_firewall_services: each service needs ports of its own"
+                    )
+            seen_ports[span] = name
         sources = {host_address(h, overrides, inventory_addresses) for h in remote}
         # This host without a cluster address: its own processes use loopback, admitted anyway.
         with contextlib.suppress(FirewallPlanError):
@@ -106,7 +120,7 @@ def guarded_services(services, groups, host, overrides=None, inventory_addresses
         rules.append(
             {
                 "name": name,
-                "ports": ports,
+                "ports": [_port_text(span) for span in ports],
                 "clients": remote,
                 "ipv4": sorted(str(a) for a in sources if a.version == 4),
                 "ipv6": sorted(str(a) for a in sources if a.version == 6),

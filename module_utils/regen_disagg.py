@@ -147,6 +147,26 @@ def capture_environment(endpoints, segment_bytes, local_buffer_bytes, local_host
     }
 
 
+def transfer_environment(ports):
+    """MC_MIN_RPC_PORT / MC_MAX_RPC_PORT for every Mooncake client of the run, from [first, last].
+
+    Mooncake's transfer engine picks its handshake RPC and TCP data ports from that range and (0.3.13)
+    listens on every interface, without authentication, whatever MOONCAKE_LOCAL_HOSTNAME says. Naming the
+    range is what lets a firewall rule cover those listeners."""
+    try:
+        first, last = (int(port) for port in ports)
+    except (TypeError, ValueError):
+        raise DisaggPlanError(
+            f"drafter_training_online_mooncake_transfer_ports is {ports!r}: give [first, last], two ports"
+        ) from None
+    if not 1024 <= first <= last <= 65535:
+        raise DisaggPlanError(
+            f"drafter_training_online_mooncake_transfer_ports is {ports!r}: the range must lie within "
+            "1024-65535, first <= last"
+        )
+    return {"MC_MIN_RPC_PORT": str(first), "MC_MAX_RPC_PORT": str(last)}
+
+
 def sglang_capture_args(layers, max_length, method="dflash"):
     """The flags that make the patched SGLang 0.5.14 a capture server (SpecForge's managed-local line)."""
     if not layers:

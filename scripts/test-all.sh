@@ -4,7 +4,8 @@
 #     tests and the provisioning tests (venvs built in temporary directories from copied locks), then the
 #     train stage and Mooncake tests, end-to-end ones included (offline, rolling and online training runs,
 #     each in a work directory of its own, on free loopback ports; they share the Mooncake venv, so they
-#     stay in one lane);
+#     stay in one lane), and the serve role's lifecycles (a model server on a free loopback port, moved here
+#     to even out the lanes' lengths);
 #   - foreground: the other integration tests (real playbook runs on localhost), then the other local
 #     end-to-end runs.
 # The lanes share no port, directory or process: the containers have their own network namespace, unit
@@ -17,11 +18,12 @@ logs=.cache/test-logs
 mkdir -p "$logs"
 lxc_log="$logs/background.log"
 
-# The train stage and Mooncake tests (background lane, after the unit tests).
-training_tests=(tests/integration/test_train_stage.py tests/integration/test_train_online.py
-                tests/integration/test_mooncake_master.py tests/integration/test_capture_server.py)
-not_training=()
-for t in "${training_tests[@]}"; do not_training+=(--ignore="$t"); done
+# The train stage and Mooncake tests, and the serve role's (background lane, after the unit tests).
+background_tests=(tests/integration/test_train_stage.py tests/integration/test_train_online.py
+                  tests/integration/test_mooncake_master.py tests/integration/test_capture_server.py
+                  tests/integration/test_serve_role.py)
+not_background=()
+for t in "${background_tests[@]}"; do not_background+=(--ignore="$t"); done
 
 started=$(date +%s)
 # The slowest tests of each part are listed at its end: where the suite's time goes, run after run.
@@ -31,21 +33,21 @@ set -- --durations=15 "$@"
   lxc=$?
   pytest tests/unit tests/integration/test_provision.py -m "not e2e" "$@"
   unit=$?
-  pytest "${training_tests[@]}" -m "not lxc" "$@"
+  pytest "${background_tests[@]}" -m "not lxc" "$@"
   training=$?
-  echo "molecule exit $lxc, unit + provisioning exit $unit, train stage + Mooncake exit $training"
+  echo "molecule exit $lxc, unit + provisioning exit $unit, train stage + Mooncake + serve role exit $training"
   [ "$lxc" -eq 0 ] && [ "$unit" -eq 0 ] && [ "$training" -eq 0 ]
 ) >"$lxc_log" 2>&1 &
 lxc_pid=$!
 # A Ctrl-C or a CI timeout stops the background lane too, so no molecule run outlives this script.
 trap 'pkill -TERM -P "$lxc_pid" 2>/dev/null; kill -TERM "$lxc_pid" 2>/dev/null; wait "$lxc_pid" 2>/dev/null; exit 130' INT TERM
-echo "== background lane (molecule scenarios, unit and provisioning tests, train stage + Mooncake) started: $lxc_log"
+echo "== background lane (molecule scenarios, unit and provisioning tests, train stage + Mooncake + serve role) started: $lxc_log"
 
 echo "== integration tests but provisioning (not e2e)"
-pytest tests --ignore=tests/unit --ignore=tests/integration/test_provision.py "${not_training[@]}" -m "not e2e" "$@"
+pytest tests --ignore=tests/unit --ignore=tests/integration/test_provision.py "${not_background[@]}" -m "not e2e" "$@"
 fast=$?
 echo "== local end-to-end runs (e2e, not lxc)"
-pytest "${not_training[@]}" -m "e2e and not lxc" "$@"
+pytest "${not_background[@]}" -m "e2e and not lxc" "$@"
 local_e2e=$?
 
 echo "== waiting for the background lane"
@@ -53,5 +55,5 @@ wait "$lxc_pid"
 lxc=$?
 trap - INT TERM
 cat "$lxc_log"
-echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (molecule, unit, provisioning, train stage + Mooncake) exit $lxc"
+echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (molecule, unit, provisioning, train stage + Mooncake + serve role) exit $lxc"
 [ "$fast" -eq 0 ] && [ "$local_e2e" -eq 0 ] && [ "$lxc" -eq 0 ]

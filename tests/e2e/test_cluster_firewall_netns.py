@@ -4,7 +4,8 @@ A, B and C are network namespaces joined by a private bridge (in a namespace of 
 (192.0.2.0/24, never routed). A listens on a guarded port and an unguarded one; the role, run by
 ansible-playbook inside A's namespace with an inventory that puts A in regen_capture and B in
 regen_train, loads regen's nftables table there. Then B connects and C (in no group) cannot, on the
-guarded port only; A's other nftables table survives; a second run and a check-mode run change nothing.
+guarded port and in the guarded port range only; A's other nftables table survives; a second run and a
+check-mode run change nothing.
 Needs root, `ip` and `nft` (apt install nftables); seconds.
 """
 
@@ -32,6 +33,9 @@ pytestmark = [
 
 ADDRESS = {"a": "192.0.2.1", "b": "192.0.2.2", "c": "192.0.2.3"}
 GUARDED, OPEN = 30200, 30201
+# A guarded port range (Mooncake's transfer engine picks its listeners from one) and a port inside it.
+GUARDED_RANGE, IN_RANGE = "30210-30219", 30215
+PORTS = (GUARDED, OPEN, IN_RANGE)
 
 LISTENER = textwrap.dedent(
     """
@@ -152,6 +156,12 @@ def test_only_the_client_groups_reach_the_guarded_port(namespaces, tmp_path) -> 
                             "servers": ["regen_capture"],
                             "clients": ["regen_train"],
                         },
+                        {
+                            "name": "transfer engine",
+                            "ports": [GUARDED_RANGE],
+                            "servers": ["regen_capture"],
+                            "clients": ["regen_train"],
+                        },
                     ],
                 }
             ],
@@ -162,19 +172,20 @@ def test_only_the_client_groups_reach_the_guarded_port(namespaces, tmp_path) -> 
     # Another table of the host's own, which the role must leave alone.
     subprocess.run(["ip", "netns", "exec", a, "nft", "add", "table", "inet", "admin_own"], check=True)
     listener = subprocess.Popen(
-        ["ip", "netns", "exec", a, sys.executable, "-c", LISTENER, ADDRESS["a"], str(GUARDED), str(OPEN)],
+        ["ip", "netns", "exec", a, sys.executable, "-c", LISTENER, ADDRESS["a"], *map(str, PORTS)],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert listener.stdout.readline().strip() == "ready"
         # Before the role: every host reaches both ports (the probe can tell a refusal from a connection).
-        assert _reaches(b, GUARDED) and _reaches(c, GUARDED) and _reaches(c, OPEN)
+        assert _reaches(b, GUARDED) and _reaches(c, GUARDED) and _reaches(c, OPEN) and _reaches(c, IN_RANGE)
 
         assert _play(a, tmp_path)["changed"] >= 2  # the script written, the table loaded
         assert _reaches(b, GUARDED), "a host of regen_train must reach the capture server"
         assert not _reaches(c, GUARDED), "a host outside the client groups reached the capture server"
         assert _reaches(c, OPEN), "the table dropped a port it does not guard"
+        assert _reaches(b, IN_RANGE) and not _reaches(c, IN_RANGE), "the port range is not guarded"
         tables = subprocess.run(
             ["ip", "netns", "exec", a, "nft", "list", "tables"], capture_output=True, text=True, check=True
         ).stdout

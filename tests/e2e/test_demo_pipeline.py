@@ -5,7 +5,8 @@ runs every stage on localhost; its evaluation must discriminate: on the held-out
 acceptance length lies clearly above the untrained one's (95% intervals apart) and the oracle reaches the
 block size the report names. The second run must find all of it done and report changed=0 on every host. A
 third run after the server was stopped (what the train stage does on a GPU host to free the GPUs) must leave
-it stopped, since nothing is left to generate.
+it stopped, since nothing is left to generate; it goes through `regen run` (ansible-runner, the repository's
+own regen.yml on the embedded default), whose status and plan must then list every stage as done.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 import json
 import re
 import socket
+from pathlib import Path
 
 import pytest
 
+from regen.cli import main
+from regen.runner import discover_stages
 from tests.helpers.ansible import ROOT, run_playbook
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +33,9 @@ def _run_pipeline() -> tuple[str, dict[str, dict[str, int]]]:
 
 
 @pytest.mark.timeout(1800)  # three whole runs on 2 cores, beside the molecule scenarios in `make test`
-def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwards) -> None:
+def test_pipeline_runs_and_second_run_changes_nothing(
+    stop_local_server_afterwards, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     output, first = _run_pipeline()
     assert all(stats["failed"] == 0 and stats["unreachable"] == 0 for stats in first.values()), first
     # The wait loops print the jobs' progress, not a "FAILED - RETRYING" line per poll (issue 26 item 6).
@@ -54,11 +60,35 @@ def test_pipeline_runs_and_second_run_changes_nothing(stop_local_server_afterwar
 
     stop = run_playbook("playbooks/teardown.yml")
     assert stop.returncode == 0 and not _listening(30000), stop.output[-3000:]
-    output, third = _run_pipeline()
-    assert all(stats["changed"] == 0 for stats in third.values()), (third, output[-6000:])
-    assert "regen-serve-main is not running and nothing downstream needs it" in " ".join(output.split())
-    assert re.search(r"^\s+serve\s+localhost-main: .*, stopped$", output, re.MULTILINE), output[-3000:]
+    _third_run_through_regen_run(tmp_path / "runner", capsys)
     assert not _listening(30000)
+
+
+def _third_run_through_regen_run(pdd: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The embedded default through `regen run`: every stage done, nothing changed, the server left stopped;
+    then `regen status` and `regen plan` of the same private data dir say so."""
+    capsys.readouterr()
+    code = main(["run", "--plain", "--project", str(ROOT), "--private-data-dir", str(pdd)])
+    out = capsys.readouterr().out
+    assert code == 0, out[-6000:]
+    assert "regen: exit 0 (ok): all stages ran" in out
+    flat = " ".join(out.split())
+    assert "regen-serve-main is not running and nothing downstream needs it" in flat, out[-6000:]
+    assert re.search(r"^\s+serve\s+localhost-main: .*, stopped$", out, re.MULTILINE), out[-3000:]
+    pipeline = [s.name for s in discover_stages(ROOT) if not s.standalone]
+    assert main(["status", "--json", "--project", str(ROOT), "--private-data-dir", str(pdd)]) == 0
+    # The run history also lists ansible-playbook runs on this checkout's artifacts (the two above among
+    # them): this run is the one the runner recorded in its private data dir.
+    (ident,) = [p.name for p in (pdd / "artifacts").iterdir() if p.is_dir()]
+    (last,) = [r for r in json.loads(capsys.readouterr().out) if r["ident"] == ident]
+    assert last["status"] == "successful"
+    assert [s["name"] for s in last["stages"]] == pipeline
+    assert all(s["status"] in ("ok", "no hosts") for s in last["stages"]), last["stages"]  # changed=0
+    # and the plan of the same inventory finds every stage done
+    assert main(["plan", "--json", "--project", str(ROOT), "--private-data-dir", str(pdd)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {s["state"] for s in report["stages"]} <= {"done", "no hosts"}, report["stages"]
+    assert report["plan"] is not None
 
 
 def _the_length_budget_was_measured_and_followed() -> None:

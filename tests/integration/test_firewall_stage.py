@@ -1,6 +1,7 @@
 """The stage `firewall` (playbooks/firewall.yml) derives, from the inventory, which hosts each unauthenticated
-service admits: the two-host CT200 example guards CT200's capture server for train1 and train1's Mooncake
-master for CT200; the embedded one-host default guards nothing. Check mode, every host run locally
+service admits: the two-host CT200 example guards CT200's capture server for train1, train1's Mooncake
+master for CT200, and Mooncake's transfer-engine port range on both for the other; the embedded one-host
+default guards nothing. Check mode, every host run locally
 (ansible_connection=local from the command line), so nothing connects anywhere."""
 
 from __future__ import annotations
@@ -32,11 +33,17 @@ def test_the_two_host_example_admits_each_service_only_to_its_users() -> None:
     assert run.returncode == 0, run.output[-4000:]
     ct200, train1 = _messages(run.output, "ct200"), _messages(run.output, "train1")
     assert "capture server (TCP 30200): admits train1 (10.1.2.200, 10.1.2.201), drops the rest" in ct200
-    assert "Mooncake" not in ct200 and "rendezvous" not in ct200
+    assert "Mooncake master" not in ct200 and "rendezvous" not in ct200
     assert (
         "Mooncake master (RPC, HTTP metadata, metrics) (TCP 8080, 9003, 50051): admits ct200 "
         "(10.1.2.200, 10.1.2.201), drops the rest" in train1
     )
+    # Mooncake's transfer engine listens on both hosts, for the other: its whole port range is guarded.
+    for here, there in ((ct200, "train1"), (train1, "ct200")):
+        assert (
+            f"Mooncake transfer engine (handshake RPC, TCP data) (TCP 15000-17000): admits {there} "
+            "(10.1.2.200, 10.1.2.201), drops the rest" in here
+        ), here
     # One trainer host: its rendezvous store has no user elsewhere.
     assert "rendezvous" not in train1 and "capture server" not in train1
     assert run.counts("ct200")["failed"] == 0 and run.counts("train1")["failed"] == 0

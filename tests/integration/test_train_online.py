@@ -23,11 +23,13 @@ SpecForge's capture flags, seven trainer ranks on GPUs 1-7.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -38,6 +40,7 @@ from tests.helpers.mooncake import free_ports, mooncake_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CACHE = ROOT / ".cache" / "demo-models"
+TRANSFER_PORTS = (21000, 21999)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +89,9 @@ def _args(data: Path, work: Path, *extra: str) -> list[str]:
     out = []
     for key, value in pairs.items():
         out += ["-e", f"{key}={value}"]
+    # Mooncake's transfer engine listeners (capture server, producer, consumer): a range outside the
+    # kernel's ephemeral ports, so the test can tell them apart.
+    out += ["-e", json.dumps({"drafter_training_online_mooncake_transfer_ports": list(TRANSFER_PORTS)})]
     return out + list(extra)
 
 
@@ -104,12 +110,58 @@ def _stack_processes(work: Path) -> list[str]:
     return found
 
 
+class Listeners(threading.Thread):
+    """The TCP listeners of every process whose command line names ``marker``, sampled until stopped."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__(daemon=True)
+        self.marker = marker
+        self.seen: set[tuple[str, str, int]] = set()  # (the program's module or name, address, port)
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(0.2):
+            for proc in psutil.process_iter(["cmdline"]):
+                line = proc.info["cmdline"] or []
+                if not any(self.marker in part for part in line):
+                    continue
+                program = next((line[i + 1] for i, p in enumerate(line[:-1]) if p == "-m"), line[0])
+                try:
+                    sockets = proc.net_connections("inet")
+                except psutil.Error:
+                    continue
+                self.seen |= {
+                    (program, c.laddr.ip, c.laddr.port) for c in sockets if c.status == psutil.CONN_LISTEN
+                }
+
+    def stop(self) -> set[tuple[str, str, int]]:
+        self._halt.set()
+        self.join()
+        return self.seen
+
+
 @pytest.mark.e2e
 def test_online_training_runs_end_to_end_on_the_cpu(demo_data: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     args = _args(demo_data, tmp_path)
+    listeners = Listeners(str(work))
+    listeners.start()
     code, output, counts = _play(*args)
+    seen = listeners.stop()
     assert code == 0, output[-8000:]
+    # What the run started listened on loopback, the trainers' store on the plan's port, held by
+    # regen.training.rendezvous (SpecForge's own launch would listen on every interface). The exception is
+    # Mooncake's transfer engine in the capture server, the producer and the consumer: Mooncake 0.3.13 binds
+    # it on every interface, so it is held to the named port range the firewall stage can guard.
+    master = int(next(a for a in args if a.startswith("drafter_training_master_port=")).split("=")[1])
+    assert ("regen.training.rendezvous", "127.0.0.1", master) in seen, seen
+    first, last = TRANSFER_PORTS
+    wide = {(program, port) for program, ip, port in seen if not ipaddress.ip_address(ip).is_loopback}
+    assert wide, seen  # the transfer engine's listeners were seen (else this test proves nothing)
+    assert all(first <= port <= last for _, port in wide), seen
+    assert {program for program, _ in wide} <= {
+        "regen.training.capture_server", "specforge.cli", "regen.training.rendezvous"
+    }, seen  # fmt: skip
     flat = re.sub(r"\s+", " ", output)
     assert "attempt 1: first attempt" in flat
     assert "TASK [capture_server : Wait until GET /health answers http://127.0.0.1:" in output
@@ -242,9 +294,13 @@ def test_one_server_beside_a_dp7_trainer_in_check_mode(tmp_path: Path) -> None:
         "--skip-tokenizer-init --chunked-prefill-size -1 --disable-radix-cache --enable-spec-capture "
         "--spec-capture-method dflash --spec-capture-aux-layer-ids 1 9 17 25 33"
     ) in flat
-    assert (
-        "--env CUDA_VISIBLE_DEVICES=1,2,3,4,5,6,7 -- /root/venv_specforge/bin/python -m specforge.cli train"
-        in flat
-    )
+    # SpecForge's producer + consumer supervisor, the consumer's 7 ranks under regen's rendezvous (the store
+    # on loopback), every Mooncake client on the named transfer port range.
+    assert re.search(
+        r"--env CUDA_VISIBLE_DEVICES=1,2,3,4,5,6,7 --env MC_MIN_RPC_PORT=15000 "
+        r"--env MC_MAX_RPC_PORT=17000 -- /root/venv_specforge/bin/python -m regen\.training\.online_launch "
+        r"--host 127\.0\.0\.1 --port \d+ -- --config \S+/run\.yaml",
+        flat,
+    ), flat[-6000:]
     assert "+    nproc_per_node: 7" in run.output and "+  resident_high_watermark_bytes: " in run.output
     assert "10.1.2.200" not in run.output

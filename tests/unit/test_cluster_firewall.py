@@ -88,8 +88,35 @@ def test_malformed_services_are_refused(service, message) -> None:
 
 def test_two_services_on_one_port_are_refused() -> None:
     other = CAPTURE | {"name": "store"}
-    with pytest.raises(FirewallPlanError, match="port 30200 is listed by both"):
+    expected = "port 30200 of 'store' overlaps port 30200 of 'capture server'"
+    with pytest.raises(FirewallPlanError, match=expected):
         guarded_services([CAPTURE, other], GROUPS, "serve1", inventory_addresses=ADDRESSES)
+
+
+TRANSFER = {"name": "transfer engine", "ports": ["15000-17000"], "servers": ["regen_serve"],
+            "clients": ["regen_train"]}  # fmt: skip
+
+
+def test_a_port_range_is_guarded_as_one_nft_interval() -> None:
+    rules = guarded_services([CAPTURE, TRANSFER], GROUPS, "serve1", inventory_addresses=ADDRESSES)
+    assert [r["ports"] for r in rules] == [[30200], ["15000-17000"]]
+    script, _ = render_ruleset("regen_cluster", rules)
+    assert "    tcp dport { 15000-17000 } counter drop" in script.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("ports", "message"),
+    [
+        (["17000-15000"], "a range is written first-last"),
+        (["15000-70000"], "a TCP port is 1-65535"),
+        (["15000-"], "a TCP port is 1-65535"),
+        (["16000", "30000-30300"], "overlaps port 30200 of 'capture server'"),
+    ],
+)
+def test_a_range_that_is_not_one_or_overlaps_another_service_is_refused(ports, message) -> None:
+    with pytest.raises(FirewallPlanError, match=message):
+        services = [CAPTURE, TRANSFER | {"ports": ports}]
+        guarded_services(services, GROUPS, "serve1", inventory_addresses=ADDRESSES)
 
 
 def test_the_ruleset_replaces_only_its_own_table_and_drops_the_rest_of_the_ports() -> None:

@@ -66,6 +66,18 @@ for size, world, seed, epochs in ((8, 1, 42, 1), (5, 2, 42, 2), (13, 4, 7, 3)):
             ranks.append(list(sampler))
         theirs.append(ranks)
     out["orders"][f"{size}/{world}/{seed}/{epochs}"] = [sampler_orders(size, world, seed, epochs), theirs]
+# regen.training.online_launch's plan (--plan starts nothing) for the online config, and its refusal of
+# an offline one: SpecForge's own planner underneath, the consumer's command replaced.
+import contextlib, io
+from regen.training import online_launch
+out["online_launch"] = {}
+for name, kind, path, rank in json.load(open(sys.argv[1])):
+    if name in ("run:online", "run:cpu"):
+        printed, errors = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+            code = online_launch.main(["--host", "127.0.0.1", "--port", "29511", "--plan", "--",
+                                       "--config", path])
+        out["online_launch"][name] = {"code": code, "stdout": printed.getvalue(), "stderr": errors.getvalue()}
 print(json.dumps(out))
 """
 
@@ -268,6 +280,36 @@ def test_online_config_is_a_disaggregated_mooncake_run(specforge: dict) -> None:
     assert [c["label"] for c in plan["commands"]] == ["producer", "consumer"]
     consumer = plan["commands"][1]
     assert "torch.distributed.run" in consumer["argv"] and consumer["argv"][-2:] == ["--role", "consumer"]
+
+
+def test_online_launch_keeps_specforges_plan_and_puts_the_consumer_under_the_rendezvous(
+    specforge: dict,
+) -> None:
+    theirs = specforge["cases"]["run:online"]["result"]["launch_plan"]
+    launch = specforge["online_launch"]["run:online"]
+    assert launch["code"] == 0, launch["stderr"]
+    ours = json.loads(launch["stdout"])
+    assert (ours["kind"], ours["role"]) == (theirs["kind"], theirs["role"]) == ("supervisor", "both")
+    # The producer is SpecForge's, untouched; so is the consumer's environment.
+    assert ours["commands"][0] == theirs["commands"][0]
+    consumer = ours["commands"][1]
+    assert consumer["env"] == theirs["commands"][1]["env"]
+    # The consumer's 8 ranks: regen's rendezvous holds the store on loopback, not torchrun --standalone.
+    argv = consumer["argv"]
+    assert "torch.distributed.run" not in argv and "--standalone" not in argv
+    assert argv[1:12] == [
+        "-m", "regen.training.rendezvous", "--host", "127.0.0.1", "--port", "29511", "--nproc", "8", "--",
+        "specforge.cli", "train",
+    ]  # fmt: skip
+    assert argv[-2:] == ["--role", "consumer"]
+
+
+def test_online_launch_refuses_an_offline_config(specforge: dict) -> None:
+    launch = specforge["online_launch"]["run:cpu"]
+    assert launch["code"] == 2 and launch["stdout"] == ""
+    assert "regen.training.online_launch: --role producer/consumer/both requires disaggregated mode" in (
+        launch["stderr"]
+    )
 
 
 def test_specforge_rejects_a_misspelled_setting(specforge: dict) -> None:

@@ -64,7 +64,7 @@ def test_the_trainer_and_the_capture_server_get_the_measured_decision(tmp_path: 
                    "fsdp_sharding": "SHARD_GRAD_OP", "save_interval": 1000, "log_interval": 50},
         "online": {"manage": True, "bind_address": "10.1.2.201", "addresses": {"capture1": "10.1.2.202"},
                    "rpc_port": 50051, "metadata_port": 8080, "capture_port": 30200,
-                   "segment_bytes": 32 << 30},
+                   "segment_bytes": 32 << 30, "transfer_ports": [15000, 17000]},
     }
     plan = run_module("drafter_plan_info", args, capsys)
     assert not plan.get("failed"), plan

@@ -14,6 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from ansible.module_utils import regen_config
 
@@ -67,6 +68,7 @@ def _plan(tmp_path: Path, capsys, **online) -> dict:
             "metadata_port": 8080,
             "capture_port": 30200,
             "segment_bytes": 32 << 30,
+            "transfer_ports": [15000, 17000],
             **online,
         },
     }
@@ -98,6 +100,10 @@ def test_kimi_online_config_passes_specforges_loader_and_plan(tmp_path: Path, ca
     assert server["environment"]["MOONCAKE_MASTER_SERVER_ADDR"] == "10.1.2.201:50051"
     # The capture server's segment is on its own host, where the trainer's transfer engine reads it.
     assert server["environment"]["MOONCAKE_LOCAL_HOSTNAME"] == "10.1.2.202"
+    # Every Mooncake client (capture server, producer, consumer) listens on the one named port range.
+    environment = server["environment"]
+    assert (environment["MC_MIN_RPC_PORT"], environment["MC_MAX_RPC_PORT"]) == ("15000", "17000")
+    assert online["transfer_env_args"] == ["--env", "MC_MIN_RPC_PORT=15000", "--env", "MC_MAX_RPC_PORT=17000"]
     # Only whole optimizer windows: 100,000 prompts over 8 trainer ranks.
     assert plan["total_steps"] == 12_500 and plan["topology"]["nproc_per_node"] == 8
     config = plan["run_config"]
@@ -160,3 +166,11 @@ def test_a_loopback_stack_across_hosts_is_refused(tmp_path: Path, capsys) -> Non
 def test_a_segment_too_small_for_one_step_is_refused(tmp_path: Path, capsys) -> None:
     plan = _plan(tmp_path, capsys, segment_bytes=1 << 30)
     assert plan["failed"] and "drafter_training_online_segment_bytes" in plan["msg"]
+
+
+@pytest.mark.parametrize("ports", [None, [15000], [17000, 15000], [80, 90], ["a", "b"]])
+def test_a_transfer_port_range_that_is_not_one_is_refused_naming_the_variable(
+    tmp_path: Path, capsys, ports
+) -> None:
+    plan = _plan(tmp_path, capsys, transfer_ports=ports)
+    assert plan["failed"] and "drafter_training_online_mooncake_transfer_ports" in plan["msg"], plan

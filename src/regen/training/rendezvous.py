@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    # One line in the run's log: where the store is, so an operator can check what listens.
+    print(f"regen.training.rendezvous: torch.distributed store on {args.host}:{port}", file=sys.stderr)
+    sys.stderr.flush()
     if args.nproc > 1:
         return _run_ranks(args.module, args.args, args.host, port, args.nproc)
     os.environ.update(rendezvous_environment(args.host, port, dict(os.environ)))
