@@ -80,10 +80,12 @@ def _port_text(span):
 def guarded_services(services, groups, host, overrides=None, inventory_addresses=None):
     """The services `host` serves that users on other hosts reach, each with the sources it admits.
 
-    `services`: entries {name, ports, servers, clients}; servers/clients are inventory group or host
-    names. A service whose users are all on `host` itself needs no rule (it listens on loopback). The
-    admitted sources are the users' addresses plus this host's own (a process here may use the cluster
-    address); loopback is admitted by the table as a whole."""
+    `services`: entries {name, ports, servers, clients[, guard]}; servers/clients are inventory group or
+    host names. A service whose users are all on `host` itself needs no rule (it listens on loopback),
+    unless its `guard` is "always": a service that listens on every interface whatever it is told
+    (Mooncake's transfer engine) is then closed to every other host. The admitted sources are the users'
+    addresses plus this host's own (a process here may use the cluster address); loopback is admitted by
+    the table as a whole."""
     overrides = overrides or {}
     inventory_addresses = inventory_addresses or {}
     all_hosts = set(groups.get("all", []))
@@ -100,10 +102,16 @@ def guarded_services(services, groups, host, overrides=None, inventory_addresses
             raise FirewallPlanError(f"cluster_firewall_services entry {name!r} lists no ports")
         servers = {h for g in service.get("servers") or [] for h in _members(g, groups, all_hosts)}
         clients = {h for g in service.get("clients") or [] for h in _members(g, groups, all_hosts)}
+        guard = service.get("guard") or "shared"
+        if guard not in ("shared", "always"):
+            raise FirewallPlanError(
+                f"cluster_firewall_services entry {name!r} has guard {guard!r}: shared (only where users are "
+                "on other hosts) or always"
+            )
         if host not in servers:
             continue
         remote = sorted(clients - {host})
-        if not remote:
+        if not remote and guard != "always":
             continue
         for span in ports:
             for other, owner in seen_ports.items():
@@ -144,7 +152,7 @@ def render_ruleset(table, rules):
     lines = []
     for rule in rules:
         ports = _set(rule["ports"])
-        lines.append(f"    # {rule['name']}: {', '.join(rule['clients'])}")
+        lines.append(f"    # {rule['name']}: {', '.join(rule['clients']) or 'this host only'}")
         if rule["ipv4"]:
             lines.append(f"    tcp dport {ports} ip saddr {_set(rule['ipv4'])} accept")
         if rule["ipv6"]:
@@ -172,8 +180,13 @@ def firewall_plan(services, groups, host, table, overrides=None, inventory_addre
     rules = guarded_services(services, groups, host, overrides, inventory_addresses)
     script, digest = render_ruleset(table, rules)
     summary = [
-        f"{r['name']} (TCP {', '.join(map(str, r['ports']))}): admits {', '.join(r['clients'])} "
-        f"({', '.join(r['ipv4'] + r['ipv6'])}), drops the rest"
+        f"{r['name']} (TCP {', '.join(map(str, r['ports']))}): admits "
+        + (
+            f"{', '.join(r['clients'])} ({', '.join(r['ipv4'] + r['ipv6'])})"
+            if r["clients"]
+            else "this host only (loopback" + "".join(f", {a}" for a in r["ipv4"] + r["ipv6"]) + ")"
+        )
+        + ", drops the rest"
         for r in rules
     ]
     return {

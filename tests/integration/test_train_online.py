@@ -3,12 +3,14 @@
 Real parts: playbooks/train.yml on localhost with the topology forced online
 (`drafter_training_topology=online`); the mooncake_master role runs the real Mooncake master and metadata
 server on loopback; the capture_server role runs regen's transformers capture server on the demo model;
-`specforge train` (SpecForge 0.2.0) runs its own supervisor, whose producer sends the prompts to the capture
-server through SpecForge's SGLangServerCaptureAdapter and whose consumer (gloo, one CPU rank) fetches the
-features from Mooncake over TCP and takes real optimizer steps; the stage exports the drafter and stops
-the capture server and the Mooncake master. Then: a second run changes nothing; after an attempt that
-ended failed, the plan (shown in check mode, which starts nothing) moves to attempt 2 in fresh directories
-(SpecForge does not resume an online producer).
+SpecForge 0.2.0's own supervisor (through regen.training.online_launch) runs its producer, which sends the
+prompts to the capture server through SpecForge's SGLangServerCaptureAdapter, and its consumer (gloo, one
+CPU rank under regen.training.rendezvous), which fetches the features from Mooncake over TCP and takes real
+optimizer steps; the stage exports the drafter and stops the capture server and the Mooncake master. While
+it runs, every process of the run listens on loopback (the trainers' store too) except Mooncake's transfer
+engine, which is held to the named port range and closed to other hosts by regen's nftables table. Then: a
+second run changes nothing; after an attempt that ended failed, the plan (shown in check mode, which starts
+nothing) moves to attempt 2 in fresh directories (SpecForge does not resume an online producer).
 
 Each test has its own work directory; the training venv (SpecForge layered on the project venv) and the
 Mooncake venv are built once and shared.
@@ -61,6 +63,13 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _tokenized(model, base / "tokenized", 8)
     mooncake_venv(base)
     return base
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_the_online_table_afterwards():
+    """The online path loads regen's nftables table `inet regen_online` on this host; remove it after."""
+    yield
+    subprocess.run(["nft", "delete", "table", "inet", "regen_online"], capture_output=True, check=False)
 
 
 def _args(data: Path, work: Path, *extra: str) -> list[str]:
@@ -162,6 +171,13 @@ def test_online_training_runs_end_to_end_on_the_cpu(demo_data: Path, tmp_path: P
     assert {program for program, _ in wide} <= {
         "regen.training.capture_server", "specforge.cli", "regen.training.rendezvous"
     }, seen  # fmt: skip
+    # ... and regen's own nftables table closed that range to every other host before the stack started.
+    shown = " ".join(output.split())
+    assert f"(TCP {first}-{last}): admits this host only (loopback), drops the rest" in shown, output[-8000:]
+    table = subprocess.run(
+        ["nft", "list", "table", "inet", "regen_online"], capture_output=True, text=True, check=True
+    ).stdout
+    assert re.search(rf"tcp dport {first}-{last} counter packets \d+ bytes \d+ drop", table), table
     flat = re.sub(r"\s+", " ", output)
     assert "attempt 1: first attempt" in flat
     assert "TASK [capture_server : Wait until GET /health answers http://127.0.0.1:" in output
@@ -303,4 +319,9 @@ def test_one_server_beside_a_dp7_trainer_in_check_mode(tmp_path: Path) -> None:
         flat,
     ), flat[-6000:]
     assert "+    nproc_per_node: 7" in run.output and "+  resident_high_watermark_bytes: " in run.output
-    assert "10.1.2.200" not in run.output
+    # One host: the stack is on loopback; the host's own address appears only as a source the transfer
+    # engine's firewall rule admits besides loopback (the summary, and the rule in the table's diff).
+    admitted = "(TCP 15000-17000): admits this host only (loopback, 10.1.2.200), drops the rest"
+    assert admitted in flat
+    rest = flat.replace(admitted, "").replace("tcp dport { 15000-17000 } ip saddr { 10.1.2.200 } accept", "")
+    assert "10.1.2.200" not in rest, rest[max(0, rest.find("10.1.2.200") - 300) :][:600]

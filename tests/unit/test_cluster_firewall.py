@@ -156,3 +156,19 @@ def test_module_returns_the_plan_and_fails_with_the_message(capsys) -> None:
     assert result["rules"][0]["clients"] == ["train1", "train2"]
     failed = run_module("cluster_firewall_info", dict(args, inventory_addresses={}), capsys)
     assert failed["failed"] is True and "has no IP address" in failed["msg"]
+
+
+def test_a_service_guarded_always_is_closed_to_other_hosts_even_with_only_local_users() -> None:
+    alone = {"name": "transfer engine", "ports": ["21000-21999"], "servers": ["regen_train"],
+             "clients": ["regen_train"]}  # fmt: skip
+    groups = {"all": ["ct200"], "regen_train": ["ct200"]}
+    assert guarded_services([alone], groups, "ct200") == []  # shared (the default): nothing to guard
+    plan = firewall_plan([alone | {"guard": "always"}], groups, "ct200", "regen_online")
+    assert plan["needed"] and plan["rules"][0]["clients"] == []
+    (summary,) = plan["summary"]
+    assert summary == "transfer engine (TCP 21000-21999): admits this host only (loopback), drops the rest"
+    lines = plan["ruleset"].splitlines()
+    assert '    iif "lo" accept' in lines and "    tcp dport { 21000-21999 } counter drop" in lines
+    assert not [line for line in lines if "saddr" in line]
+    with pytest.raises(FirewallPlanError, match="guard 'sometimes'"):
+        guarded_services([alone | {"guard": "sometimes"}], groups, "ct200")
