@@ -20,10 +20,10 @@ options:
   services:
     description:
       - Entries with C(name), C(ports) (TCP ports, or ranges written C(first-last)), C(servers) and
-        C(clients) (inventory group or host names), and optionally C(guard): C(shared) (the default; a rule
-        only where some client is on another host) or C(always) (closed to every host but the admitted
-        ones even when all clients are local, for a service that listens on every interface whatever it
-        is told).
+        C(clients) (inventory group or host names), and optionally C(guard), either C(shared) (the
+        default; a rule only where some client is on another host) or C(always) (closed to every host but
+        the admitted ones even when all clients are local, for a service that listens on every interface
+        whatever it is told).
     type: list
     elements: dict
     required: true
