@@ -234,9 +234,13 @@ def json_object_arg(text: str, flag: str) -> dict[str, Any]:
     return value
 
 
+# json.dumps with any option builds a new encoder per call; a hot path (a key per record) keeps one
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(obj: Any) -> bytes:
     """One byte string per value: sorted keys, no spaces, UTF-8. Used for content hashes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _CANONICAL.encode(obj).encode()
 
 
 # The jobs' name for module_utils' one file digest.
@@ -527,6 +531,8 @@ class Reservoir:
         self.samples: list[float] = []
         self.count = 0
         self._rng = random.Random(seed)
+        self._sorted: list[float] = []
+        self._sorted_at = 0  # `count` when `_sorted` was made: one sort serves every quantile until then
 
     def add(self, value: float) -> None:
         self.count += 1
@@ -540,7 +546,9 @@ class Reservoir:
     def quantile(self, q: float) -> float | None:
         if not self.samples:
             return None
-        ordered = sorted(self.samples)
+        if self._sorted_at != self.count:
+            self._sorted, self._sorted_at = sorted(self.samples), self.count
+        ordered = self._sorted
         # nearest-rank: the smallest value with at least q of the samples at or below it
         rank = max(1, math.ceil(q * len(ordered)))
         return ordered[rank - 1]
