@@ -531,11 +531,13 @@ class Reservoir:
         self.samples: list[float] = []
         self.count = 0
         self._rng = random.Random(seed)
-        self._sorted: list[float] = []
-        self._sorted_at = 0  # `count` when `_sorted` was made: one sort serves every quantile until then
+        self._sorted = True  # `samples` is in order (a reservoir's positions mean nothing): sorted in
+        # place when a quantile is asked after new samples, so one sort serves p50 and p99, and the next
+        # sort finds the list mostly in order
 
     def add(self, value: float) -> None:
         self.count += 1
+        self._sorted = False
         if len(self.samples) < self.size:
             self.samples.append(value)
             return
@@ -546,9 +548,10 @@ class Reservoir:
     def quantile(self, q: float) -> float | None:
         if not self.samples:
             return None
-        if self._sorted_at != self.count:
-            self._sorted, self._sorted_at = sorted(self.samples), self.count
-        ordered = self._sorted
+        if not self._sorted:
+            self.samples.sort()
+            self._sorted = True
+        ordered = self.samples
         # nearest-rank: the smallest value with at least q of the samples at or below it
         rank = max(1, math.ceil(q * len(ordered)))
         return ordered[rank - 1]
