@@ -9,6 +9,7 @@ whose venv carries nothing else.
 from __future__ import annotations
 
 import argparse
+import array
 import errno
 import fcntl
 import gzip
@@ -528,7 +529,8 @@ class Reservoir:
 
     def __init__(self, size: int = 100_000, seed: int = 0):
         self.size = size
-        self.samples: list[float] = []
+        # 8 bytes a sample (a list of floats takes 32): the reservoir is the biggest thing a long run keeps
+        self.samples = array.array("d")
         self.count = 0
         self._rng = random.Random(seed)
         self._sorted = True  # `samples` is in order (a reservoir's positions mean nothing): sorted in
@@ -549,7 +551,9 @@ class Reservoir:
         if not self.samples:
             return None
         if not self._sorted:
-            self.samples.sort()
+            import numpy as np  # the generation job has it loaded (its ledger); sorted in place, no copy
+
+            np.frombuffer(self.samples, dtype=np.float64).sort()
             self._sorted = True
         ordered = self.samples
         # nearest-rank: the smallest value with at least q of the samples at or below it
