@@ -89,3 +89,20 @@ def test_screen_rules_out_a_long_normal_answer_and_keeps_a_loop():
     looped = long_answer + " I think so." * 12
     assert "ngram_loop" in suspects(looped, detector.DEFAULT_THRESHOLDS)
     assert [f.kind for f in degeneration(looped)] == ["ngram_loop"]
+
+
+def test_ascii_fast_path_reads_the_same_arrays():
+    # an ASCII text is read through bytes.translate; it must give the code-point path's classes and
+    # characters, for every ASCII character (the control characters str.isspace() counts included)
+    from regen.quality import screen
+
+    rng = random.Random(7)
+    texts = ["".join(chr(i) for i in range(128))] + [
+        "".join(chr(rng.randrange(128)) for _ in range(rng.randint(1, 200))) for _ in range(50)
+    ]
+    for text in texts:
+        cp, cls, chars = screen._ascii_arrays(text)
+        ref_cp, ref_cls = screen._text_arrays(text)
+        assert cp.tolist() == ref_cp.tolist()
+        assert cls.tolist() == ref_cls.tolist()
+        assert chars.tolist() == ref_cp[ref_cls != screen._SPACE].tolist()

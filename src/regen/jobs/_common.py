@@ -9,6 +9,7 @@ whose venv carries nothing else.
 from __future__ import annotations
 
 import argparse
+import array
 import errno
 import fcntl
 import gzip
@@ -234,9 +235,13 @@ def json_object_arg(text: str, flag: str) -> dict[str, Any]:
     return value
 
 
+# json.dumps with any option builds a new encoder per call; a hot path (a key per record) keeps one
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(obj: Any) -> bytes:
     """One byte string per value: sorted keys, no spaces, UTF-8. Used for content hashes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _CANONICAL.encode(obj).encode()
 
 
 # The jobs' name for module_utils' one file digest.
@@ -524,12 +529,17 @@ class Reservoir:
 
     def __init__(self, size: int = 100_000, seed: int = 0):
         self.size = size
-        self.samples: list[float] = []
+        # 8 bytes a sample (a list of floats takes 32): the reservoir is the biggest thing a long run keeps
+        self.samples = array.array("d")
         self.count = 0
         self._rng = random.Random(seed)
+        self._sorted = True  # `samples` is in order (a reservoir's positions mean nothing): sorted in
+        # place when a quantile is asked after new samples, so one sort serves p50 and p99, and the next
+        # sort finds the list mostly in order
 
     def add(self, value: float) -> None:
         self.count += 1
+        self._sorted = False
         if len(self.samples) < self.size:
             self.samples.append(value)
             return
@@ -540,7 +550,12 @@ class Reservoir:
     def quantile(self, q: float) -> float | None:
         if not self.samples:
             return None
-        ordered = sorted(self.samples)
+        if not self._sorted:
+            import numpy as np  # the generation job has it loaded (its ledger); sorted in place, no copy
+
+            np.frombuffer(self.samples, dtype=np.float64).sort()
+            self._sorted = True
+        ordered = self.samples
         # nearest-rank: the smallest value with at least q of the samples at or below it
         rank = max(1, math.ceil(q * len(ordered)))
         return ordered[rank - 1]

@@ -127,9 +127,9 @@ class IdIndex:
 
     def add(self, digest: bytes) -> None:
         self._recent.add(digest)
-        # Merge when the set outgrows a quarter of the arrays (or 64k ids): amortised O(log n) per id, and
+        # Merge when the set outgrows a quarter of the arrays (or 16k ids): amortised O(log n) per id, and
         # the set (about 100 bytes per id against 16 in the arrays) stays a small part of the memory.
-        if len(self._recent) >= max(1 << 16, len(self._hi) // 4):
+        if len(self._recent) >= max(1 << 14, len(self._hi) // 4):
             self._compact()
 
     def _compact(self) -> None:

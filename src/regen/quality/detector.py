@@ -251,6 +251,7 @@ class RollingDegeneration:
                 f"(got window={self.window}, threshold={self.threshold}, min_samples={self.min_samples})"
             )
         self._recent = collections.deque(maxlen=self.window)
+        self._in_window = 0  # sum(self._recent), kept as answers come and go: `tripped` is asked per answer
         self._examples = collections.deque(maxlen=self.keep_examples)
 
     def add(
@@ -264,7 +265,10 @@ class RollingDegeneration:
             judge or (lambda t: degeneration(t, tokenizer=self.tokenizer, thresholds=self.thresholds))
         )(text)
         self.seen += 1
+        if len(self._recent) == self.window:
+            self._in_window -= self._recent[0]  # leaves the window with this append
         self._recent.append(bool(findings))
+        self._in_window += bool(findings)
         if findings:
             self.degenerate_total += 1
             self._examples.append(
@@ -274,7 +278,7 @@ class RollingDegeneration:
 
     @property
     def share(self) -> float:
-        return sum(self._recent) / len(self._recent) if self._recent else 0.0
+        return self._in_window / len(self._recent) if self._recent else 0.0
 
     @property
     def tripped(self) -> bool:
@@ -285,7 +289,7 @@ class RollingDegeneration:
         return {
             "window": self.window,
             "judged_in_window": len(self._recent),
-            "degenerate_in_window": sum(self._recent),
+            "degenerate_in_window": self._in_window,
             "share": round(self.share, 4),
             "threshold": self.threshold,
             "tripped": self.tripped,

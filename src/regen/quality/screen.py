@@ -43,6 +43,10 @@ def _class_of(char: str) -> int:
 _UNKNOWN = 255
 _CLASS = np.full(0x110000, _UNKNOWN, dtype=np.uint8)
 _CLASS[:128] = [_class_of(chr(i)) for i in range(128)]
+# An ASCII text (most answers) is read as bytes: its classes and its characters without whitespace come
+# from bytes.translate, a C loop, instead of indexing and masking code-point arrays.
+_ASCII_CLASS = bytes(_CLASS[:128].tolist()) + bytes(128)
+_ASCII_SPACES = bytes(i for i in range(128) if _CLASS[i] == _SPACE)
 # The token hash: sum of (code point + 1) * P**(i - start) over a token's characters, mod 2**64. Computed
 # for all tokens at once as P**-start * sum((cp_i + 1) * P**i); P is odd, so it has an inverse mod 2**64.
 _P = 0x100000001B3  # the 64-bit FNV prime (odd)
@@ -97,6 +101,22 @@ def _classes(cp: np.ndarray) -> np.ndarray:
     return cls
 
 
+def _text_arrays(text: str) -> tuple[np.ndarray, np.ndarray]:
+    """(code points, classes) of any text."""
+    cp = _code_points(text)
+    return cp, _classes(cp)
+
+
+def _ascii_arrays(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(code points, classes, the code points without whitespace) of an ASCII text, as uint8."""
+    raw = text.encode("ascii")
+    return (
+        np.frombuffer(raw, dtype=np.uint8),
+        np.frombuffer(raw.translate(_ASCII_CLASS), dtype=np.uint8),
+        np.frombuffer(raw.translate(None, _ASCII_SPACES), dtype=np.uint8),
+    )
+
+
 @functools.lru_cache(maxsize=64)
 def _min_loop_run(max_n: int, t) -> int:
     """The shortest run of positions j with tail[j] == tail[j + n], for any n <= max_n, whose n-gram loop
@@ -112,8 +132,7 @@ def _min_loop_run(max_n: int, t) -> int:
 def suspects(text: str, t) -> frozenset[str]:
     """The names of the checks (`one_token_repeated`, `ngram_loop`, `whitespace_run`) that could find
     something in `text` under thresholds `t`; the others cannot. `text` is not empty."""
-    cp = _code_points(text)
-    cls = _classes(cp)
+    cp, cls, chars = _ascii_arrays(text) if text.isascii() else (*_text_arrays(text), None)
     found: set[str] = set()
     space = cls == _SPACE
 
@@ -122,13 +141,14 @@ def suspects(text: str, t) -> frozenset[str]:
         found.add("whitespace_run")
 
     nonspace = ~space
-    chars = cp[nonspace]
+    if chars is None:
+        chars = cp[nonspace]
     n_chars = chars.size
     if n_chars == 0:
         return frozenset(found)
     if n_chars >= t.char_min_chars:
         # ASCII characters counted one by one; all others in one bin, an upper bound for each of them
-        counts = np.bincount(np.minimum(chars, 128))
+        counts = np.bincount(chars if chars.dtype == np.uint8 else np.minimum(chars, 128))
         top = int(counts.max())
         if top / n_chars >= t.char_share and counts.size == 129 and counts[128] == top:
             top = max(
@@ -143,15 +163,22 @@ def suspects(text: str, t) -> frozenset[str]:
     prev_cls[0] = _SPACE
     prev_cls[1:] = cls[:-1]
     prev_cp = np.empty_like(cp)
-    prev_cp[0] = 0xFFFFFFFF
+    prev_cp[0] = np.iinfo(cp.dtype).max  # any value: the first character starts a token by its class
     prev_cp[1:] = cp[:-1]
     starts = nonspace & ((cls != prev_cls) | ((cls == _PUNCT) & (cp != prev_cp)))
     # in the text without its whitespace, every token is a contiguous segment
-    seg_starts = np.flatnonzero(starts[nonspace])
+    seg_starts = np.flatnonzero(np.compress(nonspace, starts))
     n_tokens = seg_starts.size
     powers, inverse_powers = _power_tables(n_chars)
     weighted = (chars.astype(np.uint64) + np.uint64(1)) * powers[:n_chars]
-    hashes = np.add.reduceat(weighted, seg_starts) * inverse_powers[seg_starts]
+    # each token's sum: the running sum at its last character less the one at the token before's (the
+    # segments tile the characters, the first starts at 0); mod 2**64 as np.add.reduceat, and cheaper
+    ends = np.empty_like(seg_starts)
+    ends[:-1] = seg_starts[1:] - 1
+    ends[-1] = n_chars - 1
+    sums = np.cumsum(weighted)[ends]
+    sums[1:] -= sums[:-1].copy()
+    hashes = sums * inverse_powers[seg_starts]
 
     if "one_token_repeated" not in found and n_tokens >= t.word_min_words:
         # the fullest of 4096 hash buckets bounds the most common token's count (linear); only a

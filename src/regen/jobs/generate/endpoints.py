@@ -136,6 +136,9 @@ class EndpointPool:
         ep.in_flight -= 1
         if probe:
             ep.probe_in_flight = False
+        if not self._waiters and self.outage_since is None and ep.state == "closed":
+            # nobody to wake, and a healthy endpoint ends no outage and starts none: nothing to dispatch
+            return
         self._dispatch()
 
     def release(self, ep: Endpoint, probe: bool, outcome: str, retry_after: float | None = None) -> None:

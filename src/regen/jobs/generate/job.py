@@ -86,6 +86,10 @@ _OUTPUT_ERRNOS = {
 }
 
 log = logging.getLogger("regen.jobs.generate")
+# The per-request encoders, built once: json.dumps with options builds a new JSONEncoder on every call. No
+# circular check: a request body and a record are trees the job builds itself. Same output as json.dumps.
+_encode_body = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+_encode_record = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
 
 # ==================================================================================================
 # The job
@@ -473,7 +477,7 @@ class GenerateJob:
         self, session, body: dict[str, Any], affinity: Endpoint | None
     ) -> tuple[Completion, Endpoint, float, int]:
         """One completion with retries; returns (completion, endpoint, latency, attempts)."""
-        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        payload = _encode_body(body).encode()
         timeout = self._timeout
         if self._first_request is None:
             self._first_request = time.monotonic()
@@ -609,7 +613,7 @@ class GenerateJob:
                 assert self._judge is not None
                 self._flag(record, rid, comp.content, await self._judge.findings(comp.content))
             kind = KIND_DROPPED if (truncated and self.s.truncated == "drop") else KIND_COMPLETIONS
-            line = json.dumps(record, ensure_ascii=False).encode()
+            line = _encode_record(record).encode()
             await queue.put(("ok", kind, digest, line, usage_in, usage_out, truncated))
         except FinalFailure as f:
             err = {

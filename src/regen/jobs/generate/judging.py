@@ -20,17 +20,17 @@ bench/bench_generate.py measures both against a bare client in the same run (the
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
-import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from regen.jobs._common import kv
+from regen.jobs._judge_worker import WORKER_NICE, judge_many, warm, worker_init
 from regen.quality.detector import Finding, degeneration
+
+__all__ = ["BACKLOG_ANSWERS", "BATCH_ANSWERS", "BATCH_WAIT_S", "WORKER_NICE", "Judge", "judge_many"]
 
 log = logging.getLogger("regen.jobs.generate")
 
@@ -41,30 +41,6 @@ BATCH_WAIT_S = 0.05
 # Answers waiting for a verdict before new ones go unjudged: a few batches, so a worker that keeps up
 # never drops one, and a worker that cannot keep up holds back no more than this many records.
 BACKLOG_ANSWERS = 4 * BATCH_ANSWERS
-WORKER_NICE = 10
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def judge_many(texts: list[str | None]) -> list[list[Finding]]:
-    """The findings of each text (runs in a worker process)."""
-    return [degeneration(text) for text in texts]
-
-
-def _worker_init(job_pid: int) -> None:
-    """In each worker: die with the job (a SIGKILLed job must not leave workers behind), then yield the
-    CPU to it."""
-    with contextlib.suppress(OSError, AttributeError):  # Linux's prctl; elsewhere the pool's own cleanup
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != job_pid:  # the job died before the line above took effect
-        os._exit(0)
-    with contextlib.suppress(OSError):  # not allowed here: the checks run at the job's own priority
-        os.nice(WORKER_NICE)
-
-
-def _warm() -> bool:
-    # imports numpy and the screen in the worker before the first answer arrives
-    degeneration("warm up the worker: " * 4)
-    return True
 
 
 class Judge:
@@ -78,11 +54,11 @@ class Judge:
         if workers:
             # spawn: the job has threads (asyncio.to_thread) and an event loop, whose locks a fork would
             # inherit; and spawned workers are the job's own children, so they can die with it
-            # (_worker_init), where a forkserver's would outlive a SIGKILLed job.
+            # (regen.jobs._judge_worker.worker_init), where a forkserver's would outlive a SIGKILLed job.
             self._pool = ProcessPoolExecutor(
                 workers,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_worker_init,
+                initializer=worker_init,
                 initargs=(os.getpid(),),
             )
         self.backlog = backlog
@@ -101,7 +77,7 @@ class Judge:
         if self._pool is not None and self._warming is None:
             loop = asyncio.get_running_loop()
             self._warming = asyncio.gather(
-                *(loop.run_in_executor(self._pool, _warm) for _ in range(self.workers))
+                *(loop.run_in_executor(self._pool, warm) for _ in range(self.workers))
             )
             self._warming.add_done_callback(self._warmed)
 

@@ -93,6 +93,8 @@ def parse_prompt_row(obj: Any) -> tuple[str, list[dict[str, str]]]:
 
 def _check_unicode(text: str, what: str) -> None:
     """JSON may escape a lone surrogate ("\\ud800"); no server can be sent it as UTF-8, so say so."""
+    if text.isascii():  # no surrogate, and no copy of the text to find that out
+        return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
