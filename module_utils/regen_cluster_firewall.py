@@ -55,14 +55,11 @@ def host_address(host, overrides, inventory_addresses):
 
 def _port(service, value):
     """One entry of a service's ports: a port (22) or a range ("15000-17000"), as (first, last)."""
-    text = str(value).strip()
-    first, sep, last = text.partition("-")
-    bounds = []
-    for part in (first, last) if sep else (first,):
-        try:
-            bounds.append(int(part))
-        except (TypeError, ValueError):
-            bounds.append(0)
+    first, sep, last = str(value).strip().partition("-")
+    try:
+        bounds = [int(first), int(last)] if sep else [int(first)]
+    except ValueError:
+        bounds = [0]
     if isinstance(value, bool) or not all(0 < b < 65536 for b in bounds) or bounds != sorted(bounds):
         raise FirewallPlanError(
             f"cluster_firewall_services entry {service!r} has port {value!r}: a TCP port is 1-65535, a "
@@ -175,18 +172,20 @@ def render_ruleset(table, rules):
     return script, digest
 
 
+def _admitted(rule):
+    """Who a rule admits, as the summary says it: its client hosts and their addresses, or this host only."""
+    addresses = rule["ipv4"] + rule["ipv6"]
+    if rule["clients"]:
+        return f"{', '.join(rule['clients'])} ({', '.join(addresses)})"
+    return f"this host only ({', '.join(['loopback', *addresses])})"
+
+
 def firewall_plan(services, groups, host, table, overrides=None, inventory_addresses=None):
     """Everything the role needs: the guarded services, whether a table is needed, its script and digest."""
     rules = guarded_services(services, groups, host, overrides, inventory_addresses)
     script, digest = render_ruleset(table, rules)
     summary = [
-        f"{r['name']} (TCP {', '.join(map(str, r['ports']))}): admits "
-        + (
-            f"{', '.join(r['clients'])} ({', '.join(r['ipv4'] + r['ipv6'])})"
-            if r["clients"]
-            else "this host only (loopback" + "".join(f", {a}" for a in r["ipv4"] + r["ipv6"]) + ")"
-        )
-        + ", drops the rest"
+        f"{r['name']} (TCP {', '.join(map(str, r['ports']))}): admits {_admitted(r)}, drops the rest"
         for r in rules
     ]
     return {
