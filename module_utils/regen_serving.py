@@ -578,11 +578,8 @@ def _gpu_env(spec, settings, per_node):
 
 
 def _plan_transformers(spec, settings, model_path, python, host, port, api_key_set, warnings):
-    if api_key_set or not is_loopback(host):
-        raise ServingPlanError(
-            "the transformers backend has no API-key support, so it may only listen on loopback; "
-            "set sglang_server_host to 127.0.0.1 and leave sglang_server_api_key empty"
-        )
+    # A non-loopback bind without a key was refused by _listen_address; with a key, regen's launcher
+    # (regen.serving.transformers_serve) makes the server ask for it, read from REGEN_SERVING_API_KEY.
     for key in ("tp_size", "ep_size", "pp_size", "dp_size", "attn_dp_size"):
         if _is_int(settings.overrides.get(key)) and settings.overrides[key] > 1:
             raise ServingPlanError(

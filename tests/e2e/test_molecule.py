@@ -2,8 +2,9 @@
 with converge, idempotence and testinfra verification:
 
 - `default`: the provisioning playbook, then the Mooncake master under systemd (molecule/default/README.md);
-- `serve`: provision, introspect, prompts, serve and generate, the model server running as a systemd unit,
-  then teardown and the serve stage's "leave a stopped server stopped" path (molecule/serve/README.md).
+- `serve`: provision, introspect, prompts, serve and generate on two containers, the model server running
+  as a systemd unit on one and the generation job on the other, through its address with the API key, then
+  teardown and the serve stage's "leave a stopped server stopped" path (molecule/serve/README.md).
 
 The scenario installs what it needs itself (lxc, debootstrap, the lxcbr0 bridge) through
 scripts/lxc-test-host.sh; LXC system containers need root, so this test says so instead of skipping.
@@ -27,8 +28,8 @@ BIN = Path(sys.executable).parent
 pytestmark = [pytest.mark.e2e, pytest.mark.lxc]
 
 
-# scenario -> its platform (molecule/<scenario>/molecule.yml); the container is <platform>-<checkout hash>.
-SCENARIOS = {"default": "ct200-standin", "serve": "ct200-serve"}
+# scenario -> its platforms (molecule/<scenario>/molecule.yml); a container is <platform>-<checkout hash>.
+SCENARIOS = {"default": ("ct200-standin",), "serve": ("ct200-serve", "ct200-gen")}
 
 
 @pytest.mark.timeout(1500)
@@ -62,7 +63,8 @@ def test_molecule_scenario_on_lxc(scenario: str) -> None:
     assert re.search(r"idempotence: Executed: Successful", output)
     assert "passed" in output and "failed" not in re.findall(r"\d+ (passed|failed) in", output)
     print(f"molecule test -s {scenario}: {elapsed:.0f}s")
-    # Nothing left behind: the scenario destroys its container (named as create.yml names it).
-    container = f"{SCENARIOS[scenario]}-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:6]}"
+    # Nothing left behind: the scenario destroys its containers (named as create.yml names them).
+    suffix = hashlib.sha1(str(ROOT).encode()).hexdigest()[:6]
     listing = subprocess.run(["lxc-ls", "-1"], capture_output=True, text=True, check=False).stdout
-    assert container not in listing.split(), listing
+    for platform in SCENARIOS[scenario]:
+        assert f"{platform}-{suffix}" not in listing.split(), listing

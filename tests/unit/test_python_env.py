@@ -9,7 +9,7 @@ from ansible.module_utils import regen_venv as pe
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOCK = (ROOT / "envs" / "demo.lock").read_text()
-HOST_LOCKS = ("demo", "demo-serving", "serving", "training")
+HOST_LOCKS = ("demo", "demo-serving", "jobs", "serving", "training")
 SHA = "sha256:" + "ab" * 32
 OTHER_SHA = "sha256:" + "cd" * 32
 
@@ -27,6 +27,13 @@ def test_the_real_locks_parse_and_carry_their_target() -> None:
     demo = pe.parse_lock(DEMO_LOCK)
     assert demo["pins"]["tiktoken"] == "0.14.0" and demo["pins"]["transformers"] == "5.24.0"
     assert "torch" not in demo["pins"]  # the demo set stays small
+    jobs = pe.parse_lock((ROOT / "envs" / "jobs.lock").read_text(), "jobs")["pins"]
+    # A generation host that does not serve: the tokenizer and the job's client, at the serving set's
+    # versions (the same job code runs in both), and no engine.
+    serving = pe.parse_lock((ROOT / "envs" / "demo-serving.lock").read_text())["pins"]
+    assert {name: jobs[name] for name in ("transformers", "tiktoken", "aiohttp")} == {
+        name: serving[name] for name in ("transformers", "tiktoken", "aiohttp")}
+    assert "torch" not in jobs
 
 
 def test_every_lock_pins_every_package_with_the_hashes_of_its_files() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.quality.gate import GateError, check_loopback, judge, run_probes
+from regen.quality.gate import GateError, check_local_endpoint, judge, run_probes
 from regen.quality.probes import ProbeError, check_answer, load_probes, parse_probes
 from regen.serving.known_failures import LOG_SIGNATURES, match_log, suggest_for_output
 from tests.helpers.stub_openai_server import StubConfig, StubServer
@@ -104,12 +104,26 @@ def test_a_down_endpoint_is_unavailable(stub):
     assert "HTTP 503" in verdict["reasons"][0]
 
 
-def test_only_loopback_endpoints():
-    assert check_loopback("http://127.0.0.1:30000/v1/") == "http://127.0.0.1:30000"
-    assert check_loopback("http://[::1]:8000") == "http://[::1]:8000"
-    for bad in ("http://10.1.2.200:30000", "http://example.com", "ftp://127.0.0.1"):
+def _own_non_loopback_ipv4() -> str:
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    pytest.fail("this machine has no IPv4 address but loopback")
+
+
+def test_only_endpoints_on_this_machine():
+    assert check_local_endpoint("http://127.0.0.1:30000/v1/") == "http://127.0.0.1:30000"
+    assert check_local_endpoint("http://[::1]:8000") == "http://[::1]:8000"
+    # A server bound to this machine's cluster address: still next to the gate.
+    own = _own_non_loopback_ipv4()
+    assert check_local_endpoint(f"http://{own}:30000/v1") == f"http://{own}:30000"
+    # TEST-NET-1 is nobody's address here; a name is not resolved; 0.0.0.0 is no server's address.
+    for bad in ("http://192.0.2.1:30000", "http://example.com", "ftp://127.0.0.1", "http://0.0.0.0:30000"):
         with pytest.raises(GateError):
-            check_loopback(bad)
+            check_local_endpoint(bad)
 
 
 def test_judge_reasoning_budget_hint():
@@ -304,7 +318,7 @@ def test_cli_exit_codes_for_bad_input_and_no_server(tmp_path):
     assert down.returncode == 3
     assert json.loads(down.stdout)["verdict"] == "unavailable"
     remote = _cli("--endpoint", "http://10.1.2.200:30000", "--model", "m")
-    assert remote.returncode == 2 and "only talks to loopback" in remote.stderr
+    assert remote.returncode == 2 and "only talks to a server on its own machine" in remote.stderr
     bad = tmp_path / "bad.json"
     bad.write_text('[{"id": 1}]')
     assert (

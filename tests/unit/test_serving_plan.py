@@ -53,7 +53,7 @@ def _spec(**kw):
         (_spec(port=70000), "1..65535"),
         (_spec(backend="vllm"), "sglang, transformers"),
         (_spec(model_path=""), "sglang_server_model_path is empty"),
-        (_spec(backend="transformers", host="0.0.0.0", api_key_set=True), "no API-key support"),
+        (_spec(backend="transformers", host="10.0.3.17"), "but no API key is set"),
         (_spec(backend="transformers", overrides={"tp_size": 2}), "needs the sglang backend"),
     ],
 )
@@ -106,6 +106,16 @@ def test_transformers_backend_line():
                             "--trust-remote-code", "--device", "cpu", "--host", "127.0.0.1", "--port", "8123"]
     assert plan["readiness"]["path"] == "/v1/models"
     assert plan["endpoint"] == "http://127.0.0.1:8123" and plan["api_base"] == "http://127.0.0.1:8123/v1"
+
+
+def test_transformers_backend_binds_a_cluster_address_with_a_key():
+    """With an API key the CPU server may listen where a generation host elsewhere reaches it; the key
+    travels in the environment file (the launcher reads it), never on the command line."""
+    plan = rs.plan_server(_spec(backend="transformers", model_path="/m/demo", python="/v/bin/python",
+                                host="10.0.3.17", port=8123, api_key_set=True))
+    assert plan["argv"][-4:] == ["--host", "10.0.3.17", "--port", "8123"]
+    assert plan["endpoint"] == "http://10.0.3.17:8123"
+    assert not any("key" in arg.lower() for arg in plan["argv"])
 
 
 def test_gpu_ids_pin_cuda_visible_devices_and_env_is_redacted_for_records():

@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from regen.serving.streaming import StreamError, StreamTiming, parse_sse_events, streaming_body
-from regen.serving.transformers_serve import REPLACEMENT, IncrementalDecoder, has_rust_backend
+from regen.serving.transformers_serve import (
+    REPLACEMENT,
+    IncrementalDecoder,
+    has_rust_backend,
+    request_allowed,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sweep"
 
@@ -139,3 +144,23 @@ print(json.dumps(["".join(out), tok.decode(ids)]))
     assert done.returncode == 0, done.stderr[-3000:]
     streamed, whole = json.loads(done.stdout.strip().splitlines()[-1])
     assert streamed == whole == "naïve café 数学"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "authorization", "allowed"),
+    [
+        ("GET", "/health", None, True),  # probes read these without a secret
+        ("GET", "/health_generate", None, True),
+        ("GET", "/metrics", None, True),
+        ("OPTIONS", "/v1/chat/completions", None, True),  # a CORS preflight carries no credentials
+        ("GET", "/v1/models", None, False),
+        ("POST", "/v1/chat/completions", "Bearer other", False),
+        ("POST", "/v1/chat/completions", "Basic s3cret", False),
+        ("POST", "/v1/chat/completions", "Bearer s3cret", True),
+        ("POST", "/v1/chat/completions", "bearer s3cret", True),
+        ("POST", "/load_model", "Bearer s3cret-and-more", False),
+        ("GET", "/v1/models/../health", None, False),  # a prefix match on the path as given, not a guess
+    ],
+)
+def test_the_cpu_servers_api_key_guards_all_but_the_probes(method, path, authorization, allowed):
+    assert request_allowed(method, path, authorization, "s3cret") is allowed

@@ -1,9 +1,12 @@
-"""Verify the CT200 stand-in after `converge` of the serve scenario (testinfra over SSH).
+"""Verify the two containers after `converge` of the serve scenario (testinfra over SSH).
 
-Converge ran provision, introspect, prompts, serve and generate against the container; idempotence ran it
-again and saw changed=0. These tests look at the systemd unit and the server inside the container, at what
-the run recorded on the controller, and then drive the teardown and the "left stopped" path of the serve
-stage with real ansible-playbook runs. They run in file order: the last ones stop and restart the server.
+Converge ran provision, prompts, introspect, serve and generate: the server on ct200-serve (host A, the
+`host` fixture), listening on its bridge address with the pipeline's API key; the prompts and the generation
+job on ct200-gen (host B) through that address. Idempotence ran it again and saw changed=0 on both. These
+tests look at the systemd unit and the server on A, at the completions on B, at what a client outside the
+pipeline gets, at what the run recorded on the controller, and then drive the teardown and the "left
+stopped" path of the serve stage with real ansible-playbook runs. They run in file order: the last ones stop
+and restart the server.
 """
 
 from __future__ import annotations
@@ -11,50 +14,76 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import pytest
+import testinfra
+
 VENV = "/root/regen/venvs/demo-serving"
+JOBS_VENV = "/root/regen/venvs/jobs"
 MODEL = "/root/models/regen-demo-kimi"
 HOST = "ct200-serve"
+GENERATOR = "ct200-gen"
 UNIT = "regen-serve-main"
-URL = "http://127.0.0.1:30000"
-RUNNING_RECORD = {
-    "state": "running",
-    "kind": "server",
-    "endpoint": URL,
-    "api_base": f"{URL}/v1",
-    "served_model_name": MODEL,
-}
+PORT = 30000
+KEY = "molecule-serve-key-7d41e0"  # regen_api_key in molecule.yml
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 EPHEMERAL = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"))
+INVENTORY = Path(os.environ.get("MOLECULE_INVENTORY_FILE", "/nonexistent"))
+
+
+@pytest.fixture(scope="module")
+def address(host) -> str:
+    """Host A's address on the containers' bridge: where its server listens."""
+    return host.ansible.get_variables()["ansible_host"]
+
+
+@pytest.fixture(scope="module")
+def url(address) -> str:
+    return f"http://{address}:{PORT}"
+
+
+@pytest.fixture(scope="module")
+def generator():
+    """Host B, reached the way testinfra reaches A (molecule's inventory)."""
+    return testinfra.get_host(f"ansible://{GENERATOR}?ansible_inventory={INVENTORY.parent}")
+
+
+def running_record(url: str) -> dict:
+    return {"state": "running", "kind": "server", "endpoint": url, "api_base": f"{url}/v1",
+            "served_model_name": MODEL}
 
 
 def unit_property(host, name: str) -> str:
     return host.check_output(f"systemctl show {UNIT} -p {name} --value").strip()
 
 
-def http(host, path: str, body: dict | None = None) -> dict:
-    """A request from inside the container (the server listens on the container's loopback only)."""
+def http(host, python: str, url: str, body: dict | None = None, key: str | None = KEY) -> tuple[int, dict]:
+    """A request from inside a container: (status, JSON answer)."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     script = (
-        "import json, sys, urllib.request; "
+        "import json, sys, urllib.error, urllib.request; "
         f"body = {json.dumps(json.dumps(body)) if body is not None else 'None'}; "
-        f"req = urllib.request.Request('{URL}{path}', data=body.encode() if body else None, "
-        "headers={'Content-Type': 'application/json'}); "
-        "print(urllib.request.urlopen(req, timeout=120).read().decode())"
+        f"req = urllib.request.Request({url!r}, data=body.encode() if body else None, headers={headers!r})\n"
+        "try:\n    r = urllib.request.urlopen(req, timeout=120); print(r.status, r.read().decode())\n"
+        "except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode())"
     )
-    result = host.run(f"{VENV}/bin/python -c {json.dumps(script)}")
+    result = host.run(f"{python}/bin/python -c {shlex.quote(script)}")
     assert result.rc == 0, result.stderr
-    return json.loads(result.stdout)
+    status, _, answer = result.stdout.partition(" ")
+    return int(status), json.loads(answer or "{}")
 
 
 def playbook(*args: str) -> subprocess.CompletedProcess:
-    """ansible-playbook against molecule's inventory of the container (its host_vars included)."""
+    """ansible-playbook against molecule's inventory of the containers (its group and host vars included)."""
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
-    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
     return subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), *args],
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY.parent), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -63,19 +92,22 @@ def playbook(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def recap(output: str) -> dict[str, int]:
-    match = re.search(rf"^{re.escape(HOST)}\s*:\s*(.*)$", output, re.MULTILINE)
+def recap(output: str, name: str = HOST) -> dict[str, int]:
+    match = re.search(rf"^{re.escape(name)}\s*:\s*(.*)$", output, re.MULTILINE)
     assert match, output[-3000:]
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
 
 
-def test_the_server_is_a_systemd_unit_with_the_documented_settings(host) -> None:
+def test_the_server_is_a_systemd_unit_with_the_documented_settings(host, address) -> None:
     assert host.run("readlink /proc/1/exe").stdout.strip().endswith("systemd")
     assert host.service(UNIT).is_running and host.service(UNIT).is_enabled
     unit = host.file(f"/etc/systemd/system/{UNIT}.service").content_string
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert exec_start.startswith(f"ExecStart={VENV}/bin/")
-    assert " serve " in exec_start and "--trust-remote-code" in exec_start and "127.0.0.1" in exec_start
+    assert " serve " in exec_start and "--trust-remote-code" in exec_start
+    assert f"--host {address} " in exec_start
+    # The key reaches the server from the 0600 environment file, never from the unit or its command line.
+    assert KEY not in unit and "EnvironmentFile=/root/regen/serving/main.env" in unit.splitlines()
     settings = ("Restart=on-failure", "TimeoutStartSec=3600", "LimitNOFILE=1048576", "LimitMEMLOCK=infinity")
     for line in settings:
         assert line in unit.splitlines(), line
@@ -83,7 +115,8 @@ def test_the_server_is_a_systemd_unit_with_the_documented_settings(host) -> None
     pid = unit_property(host, "MainPID")
     assert pid != "0"
     assert host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline").startswith(f"{VENV}/bin/")
-    assert host.socket("tcp://127.0.0.1:30000").is_listening
+    assert KEY not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    assert host.socket(f"tcp://{address}:{PORT}").is_listening
 
 
 def test_idempotence_did_not_restart_the_server(host) -> None:
@@ -94,49 +127,72 @@ def test_idempotence_did_not_restart_the_server(host) -> None:
     assert len(starts) == 1, journal
 
 
-def test_the_server_answers_a_chat_completion(host) -> None:
-    models = http(host, "/v1/models")
-    assert MODEL in [m["id"] for m in models["data"]]
-    answer = http(
-        host,
-        "/v1/chat/completions",
+def test_the_server_answers_host_b_with_the_key(generator, url) -> None:
+    status, models = http(generator, JOBS_VENV, f"{url}/v1/models")
+    assert status == 200 and MODEL in [m["id"] for m in models["data"]]
+    status, answer = http(
+        generator,
+        JOBS_VENV,
+        f"{url}/v1/chat/completions",
         {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8},
     )
+    assert status == 200, answer
     choice = answer["choices"][0]
     assert choice["message"]["role"] == "assistant"
     assert choice["finish_reason"] in ("stop", "length")
     assert answer["usage"]["completion_tokens"] >= 1
 
 
-def test_generation_ran_through_the_unit(host) -> None:
-    status = json.loads(host.file("/root/regen/completions/status.json").content_string)
-    records = host.check_output("cat /root/regen/completions/completions-*.jsonl").splitlines()
+def test_a_client_without_the_key_is_refused(generator, url) -> None:
+    """From B without the key, and from the controller (on the bridge, in no group of the pipeline) without
+    it or with another: 401 on the API, while the health probe answers."""
+    assert http(generator, JOBS_VENV, f"{url}/v1/models", key=None)[0] == 401
+    for key in (None, "not-the-key"):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        request = urllib.request.Request(f"{url}/v1/chat/completions", headers=headers, data=json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 401
+    with urllib.request.urlopen(f"{url}/health", timeout=30) as health:
+        assert health.status == 200
+
+
+def test_generation_ran_on_host_b_through_host_a(host, generator, url) -> None:
+    status = json.loads(generator.file("/root/regen/completions/status.json").content_string)
+    records = generator.check_output("cat /root/regen/completions/completions-*.jsonl").splitlines()
     assert len(records) == 8  # prompt_data_sample in molecule.yml
     assert len({json.loads(r)["id"] for r in records}) == 8
     assert status["state"] == "done" and status["done"] == 8 and status["failed"] == 0, status
+    run = json.loads(generator.file("/root/regen/completions/run.json").content_string)
+    assert url in json.dumps(run), run  # the job was pointed at A's address
+    assert KEY not in json.dumps(run)
+    # B runs its jobs in the jobs venv (no torch), and A holds no completions.
+    assert generator.run(f"{JOBS_VENV}/bin/python -c 'import torch'").rc != 0
+    assert not host.file("/root/regen/completions").exists
 
 
-def test_the_run_is_recorded_on_the_controller(host) -> None:
+def test_the_run_is_recorded_on_the_controller(url) -> None:
     record = EPHEMERAL / "artifacts" / "serving" / f"{HOST}-main"
     launch = json.loads((record / "launch.json").read_text())
     assert launch["mode"] == "systemd" and launch["unit"] == UNIT
     assert launch["backend"] == "transformers"
-    assert launch["endpoint"] == URL
+    assert launch["endpoint"] == url
     # What a stage run alone reads to reach this server (issue 23): where it listens and what it serves.
-    assert json.loads((record / "state.json").read_text()) == RUNNING_RECORD
+    assert json.loads((record / "state.json").read_text()) == running_record(url)
     models = json.loads((record / "v1_models.json").read_text())
     assert MODEL in [m["id"] for m in models["data"]]
     facts = json.loads((EPHEMERAL / "artifacts" / "model_facts.json").read_text())
     assert facts["tokenizer"]["loaded_with"] == "library"  # tiktoken is in the serving venv
 
 
-def test_teardown_stops_the_unit_and_a_second_teardown_changes_nothing(host) -> None:
+def test_teardown_stops_the_unit_and_a_second_teardown_changes_nothing(host, address) -> None:
     first = playbook(str(PROJECT / "playbooks" / "teardown.yml"))
     assert first.returncode == 0, first.stdout[-3000:]
     assert recap(first.stdout)["changed"] >= 1
     assert not host.service(UNIT).is_running
     assert not host.service(UNIT).is_enabled
-    assert not host.socket("tcp://127.0.0.1:30000").is_listening
+    assert not host.socket(f"tcp://{address}:{PORT}").is_listening
     assert host.file(f"/etc/systemd/system/{UNIT}.service").exists  # state stopped keeps the unit
     state = EPHEMERAL / "artifacts" / "serving" / f"{HOST}-main" / "state.json"
     assert json.loads(state.read_text()) == {"state": "stopped"}  # what the run summary shows
@@ -146,21 +202,23 @@ def test_teardown_stops_the_unit_and_a_second_teardown_changes_nothing(host) -> 
 
 
 def test_serve_leaves_a_stopped_server_stopped_once_generation_is_complete(host) -> None:
-    # The re-run after training freed the GPUs: every prompt is generated, so loading the model again
-    # would be wasted time. Nothing changes and the unit stays stopped.
+    # The re-run after training freed the GPUs: B's job says every prompt is generated, so loading the
+    # model again on A would be wasted time. Nothing changes on either host and the unit stays stopped.
     rerun = playbook(str(PROJECT / "playbooks" / "serve.yml"), str(PROJECT / "playbooks" / "generate.yml"))
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert recap(rerun.stdout)["changed"] == 0, rerun.stdout[-3000:]
+    assert recap(rerun.stdout, GENERATOR)["changed"] == 0, rerun.stdout[-3000:]
     assert f"{UNIT} is not running and nothing downstream needs it" in rerun.stdout
     assert "completions up to date: 8 of 8" in rerun.stdout
     assert not host.service(UNIT).is_running
 
 
-def test_serve_starts_it_again_when_asked(host) -> None:
+def test_serve_starts_it_again_when_asked(host, generator, url) -> None:
     forced = playbook(str(PROJECT / "playbooks" / "serve.yml"), "-e", "sglang_server_needed=true")
     assert forced.returncode == 0, forced.stdout[-3000:]
     assert recap(forced.stdout)["changed"] >= 1
     assert host.service(UNIT).is_running
-    assert MODEL in [m["id"] for m in http(host, "/v1/models")["data"]]
+    status, models = http(generator, JOBS_VENV, f"{url}/v1/models")
+    assert status == 200 and MODEL in [m["id"] for m in models["data"]]
     state = EPHEMERAL / "artifacts" / "serving" / f"{HOST}-main" / "state.json"
-    assert json.loads(state.read_text()) == RUNNING_RECORD
+    assert json.loads(state.read_text()) == running_record(url)

@@ -5,7 +5,7 @@
         [--compute-capability X.Y --ep-size N --quantization Q] [--report FILE]
 
 Runs the probe set (default: regen/quality/default_probes.jsonl; arithmetic, a capital city,
-repeat-this-string) against an OpenAI-compatible server on loopback, checks each answer and its text
+repeat-this-string) against an OpenAI-compatible server on this machine, checks each answer and its text
 for degeneration (empty, U+FFFD, one token repeated, n-gram loops, whitespace runs, and with
 --tokenizer a tokenizer round-trip), and prints the verdict as one JSON document on stdout (the
 serving role reads it); the reasons go to stderr too. When the probes fail, the verdict carries the
@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--endpoint", required=True, help="server base URL on loopback, e.g. http://127.0.0.1:30000"
+        "--endpoint",
+        required=True,
+        help="server base URL on this machine (loopback or its own address), e.g. http://127.0.0.1:30000",
     )
     p.add_argument("--model", required=True, help="the served model name (what /v1/models lists)")
     src = p.add_mutually_exclusive_group()

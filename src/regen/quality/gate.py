@@ -10,7 +10,8 @@ answer against the expectation (regen.quality.probes.check_answer) and its text 
                   still run, and their results are reported, but do not fail the gate
   unavailable     the endpoint did not answer (connection refused, HTTP errors, timeouts); always fatal
 
-Only loopback endpoints are accepted: the gate runs on the serving host, next to the server.
+Only endpoints on this machine are accepted, loopback or one of its own addresses (a server bound to its
+cluster address): the gate runs on the serving host, next to the server.
 """
 
 from __future__ import annotations
@@ -24,29 +25,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..module_utils.regen_net import is_loopback
+from ..module_utils.regen_net import is_own_address
 from .detector import DEFAULT_THRESHOLDS, Thresholds, degeneration, strip_reasoning
 from .probes import Probe, check_answer
 
 
 class GateError(ValueError):
-    """Bad input to the gate (not a loopback endpoint, bad extra body); the message says what to fix."""
+    """Bad input to the gate (an endpoint on another machine, bad extra body); the message says the fix."""
 
 
 class EndpointUnavailable(RuntimeError):
     """The endpoint did not answer a probe; the message has the URL and the error."""
 
 
-def check_loopback(endpoint: str) -> str:
-    """The endpoint without a trailing slash or /v1; raises GateError for anything but loopback http(s)."""
+def check_local_endpoint(endpoint: str) -> str:
+    """The endpoint without a trailing slash or /v1; raises GateError unless it is http(s) on this machine."""
     parsed = urllib.parse.urlsplit(endpoint)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise GateError(f"--endpoint must be an http(s) URL such as http://127.0.0.1:30000, not {endpoint!r}")
     host = parsed.hostname
-    if not is_loopback(host):
+    if not is_own_address(host):
         raise GateError(
-            f"the quality gate only talks to loopback endpoints (127.0.0.1, ::1, localhost), not {host!r}: "
-            "run it on the serving host against the server's local port"
+            f"the quality gate only talks to a server on its own machine (loopback, or an address of this "
+            f"machine's), not {host!r}: run it on the serving host against the address the server listens on"
         )
     base = endpoint.rstrip("/")
     return base[: -len("/v1")] if base.endswith("/v1") else base
@@ -162,7 +163,7 @@ def run_probes(
     not_applicable_reason: str | None = None,
 ) -> dict[str, Any]:
     """Run every probe and return the verdict document (see the module docstring)."""
-    base = check_loopback(endpoint)
+    base = check_local_endpoint(endpoint)
     extra_body = dict(extra_body or {})
     clash = {"model", "messages", "stream"} & set(extra_body)
     if clash:

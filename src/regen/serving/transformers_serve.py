@@ -1,4 +1,4 @@
-"""`transformers serve` with streaming for tokenizers that have no Rust backend (the CPU demo server).
+"""`transformers serve` with streaming for Python tokenizers, and with an API key (the CPU demo server).
 
     python -m regen.serving.transformers_serve serve MODEL_DIR [transformers serve's own flags]
 
@@ -14,15 +14,29 @@ Rust backend, its streamers decode with `IncrementalDecoder` below (the classic 
 method: decode a short window of ids and emit only the text that became final), and tokenizers that
 have one keep `DecodeStream`. It then hands over to transformers' own CLI. The hooks name the
 transformers internals they wrap and fail at start-up, with the pinned version, if those moved.
+
+transformers' server has no authentication, so on its own it may only listen on loopback. When the
+environment holds `REGEN_SERVING_API_KEY` (the serve stage's 0600 environment file, read by systemd or by
+regen's supervisor; never on the command line), every request needs `Authorization: Bearer <key>`, as
+SGLang's `--api-key` asks, except the health, readiness and metrics paths that probes read without a
+secret. That is what lets a generation host elsewhere use the CPU server (docs/multi-host.md, layout 2).
 """
 
 from __future__ import annotations
 
 import functools
+import hmac
+import json
+import os
 import sys
 from typing import Any
 
 REPLACEMENT = "\ufffd"
+# Where the serve stage puts the key (the same variable the router reads).
+API_KEY_VARIABLE = "REGEN_SERVING_API_KEY"
+# Paths a probe reads without a secret (SGLang's own list: health, readiness, metrics; by prefix, so
+# /health_generate too).
+OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")
 # The transformers version these hooks were written against (the controller and demo-serving locks).
 WRITTEN_FOR = "5.24.0"
 
@@ -132,6 +146,71 @@ class _DecodeStreamAdapter:
         return self._decoder.step(token_id)
 
 
+def request_allowed(method: str, path: str, authorization: str | None, api_key: str) -> bool:
+    """Whether a request may reach the server: open paths and CORS preflights always, the rest with the key.
+
+    The key is compared in constant time, so the answer's timing says nothing about how much of it matched.
+    """
+    if method == "OPTIONS" or path.startswith(OPEN_PATH_PREFIXES):
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), api_key.encode())
+
+
+class BearerKeyMiddleware:
+    """ASGI middleware: a request without the right bearer token gets 401 and never reaches transformers.
+
+    Plain ASGI rather than an `@app.middleware("http")` function, so a streamed answer and a client's
+    disconnect pass through untouched.
+    """
+
+    def __init__(self, app: Any, api_key: str):
+        if not api_key:
+            raise ValueError("BearerKeyMiddleware needs a non-empty API key")
+        self.app = app
+        self._api_key = api_key
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            authorization = headers.get(b"authorization", b"").decode("latin-1") or None
+            if not request_allowed(scope["method"], scope["path"], authorization, self._api_key):
+                body = json.dumps({"error": "Unauthorized: send the API key as 'Authorization: Bearer KEY'"})
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body.encode()})
+                return
+        await self.app(scope, receive, send)
+
+
+def _wrap_build_server(build_server, api_key: str):
+    @functools.wraps(build_server)
+    def wrapped(*args, **kwargs):
+        app = build_server(*args, **kwargs)
+        app.add_middleware(BearerKeyMiddleware, api_key=api_key)
+        return app
+
+    return wrapped
+
+
+def require_api_key(api_key: str) -> None:
+    """Make every server transformers builds from now on ask for `api_key` (see the module docstring)."""
+    import transformers
+    from transformers.cli.serving import server
+
+    if not hasattr(server, "build_server"):
+        raise SystemExit(
+            f"regen.serving.transformers_serve: transformers {transformers.__version__} has no "
+            "transformers.cli.serving.server.build_server, where the API key is enforced; this hook was "
+            f"written for transformers {WRITTEN_FOR} (the version the locks pin): install that"
+        )
+    if getattr(server, "_regen_api_key_installed", False):
+        return
+    server.build_server = _wrap_build_server(server.build_server, api_key)
+    server._regen_api_key_installed = True
+
+
 def install() -> None:
     """Teach transformers' serving streamers to decode with tokenizers written in Python."""
     import transformers
@@ -161,6 +240,10 @@ def install() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     install()
+    # Taken out of the environment, so nothing the server starts inherits it.
+    api_key = os.environ.pop(API_KEY_VARIABLE, "")
+    if api_key:
+        require_api_key(api_key)
     from transformers.cli.transformers import main as transformers_main
 
     sys.argv = ["transformers", *(sys.argv[1:] if argv is None else argv)]
