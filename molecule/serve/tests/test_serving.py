@@ -17,6 +17,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -223,3 +224,73 @@ def test_serve_starts_it_again_when_asked(host, generator, url) -> None:
     assert status == 200 and MODEL in [m["id"] for m in models["data"]]
     state = EPHEMERAL / "artifacts" / "serving" / f"{HOST}-main" / "state.json"
     assert json.loads(state.read_text()) == running_record(url)
+
+
+def _boot_of(host) -> str | None:
+    """When the container's PID 1 started (a container shares the host's kernel, and so its boot id), or
+    None while it cannot be reached."""
+    try:
+        result = host.run("cut -d' ' -f22 /proc/1/stat")
+    except Exception:  # testinfra's ansible backend raises while the host is unreachable
+        return None
+    return result.stdout.strip() if result.rc == 0 else None
+
+
+def test_a_reboot_of_the_serving_container_mid_run_costs_only_the_requests_in_flight(host, generator) -> None:
+    """Issue 28, item 5: host A, the whole container, restarts hard (`systemctl reboot --force`: no orderly
+    stop, the server dies mid-request) while host B's job is generating. systemd starts the enabled unit
+    again at boot; B's job meets the outage, holds its records, and goes on when the server is back.
+    Nothing is doubled, and what is lost is at most what was in flight (records that spent their retries
+    during the outage, which the next run generates)."""
+    concurrency = 1
+    work = "/root/regen/reboot"
+    extra = {
+        "prompt_data_output_dir": f"{work}/prompts",
+        "prompt_data_sample": 48,
+        "completions_output_dir": f"{work}/completions",
+        "completions_concurrency": concurrency,
+        "completions_max_tokens": 64,
+        "completions_poll_interval_s": 1,
+    }
+    assert host.service(UNIT).is_enabled
+    booted = _boot_of(host)
+    assert booted
+    stages = [str(PROJECT / "playbooks" / name) for name in ("prompts.yml", "generate.yml")]
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY.parent), *stages,
+               "-e", json.dumps(extra)]
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Restart once B has written a few completions, so the rest of the run meets the outage.
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and first.poll() is None:
+            status = generator.run(f"cat {work}/completions/status.json")
+            if status.rc == 0 and json.loads(status.stdout).get("done", 0) >= 3:
+                break
+            time.sleep(0.5)
+        assert first.poll() is None, "the job ended before the restart: give it more prompts"
+        restart = host.run("systemd-run --on-active=1 systemctl reboot --force")
+        assert restart.rc == 0, restart.stderr
+        deadline = time.monotonic() + 180
+        while _boot_of(host) in (booted, None):
+            assert time.monotonic() < deadline, "the container did not come back within 180 s"
+            time.sleep(1)
+        output, _ = first.communicate(timeout=900)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    status = json.loads(generator.check_output(f"cat {work}/completions/status.json"))
+    assert host.service(UNIT).is_running  # started again by systemd at boot
+    assert status["outage_s"] > 0, (status, output[-3000:])  # the job met the outage mid-run
+    # In flight: the job holds twice its concurrency of records (those waiting out a backoff hold no slot).
+    assert status["failed"] <= 2 * concurrency, (status, output[-3000:])
+    if first.returncode != 0:
+        assert status["failed"] > 0, output[-3000:]  # a failed run names its failed records
+        second = playbook(*stages, "-e", json.dumps(extra))
+        assert second.returncode == 0, second.stdout[-3000:]
+        status = json.loads(generator.check_output(f"cat {work}/completions/status.json"))
+    records = [json.loads(line) for line in
+               generator.check_output(f"cat {work}/completions/completions-*.jsonl").splitlines()]
+    ids = [record["id"] for record in records]
+    assert len(ids) == len(set(ids)) == status["total"] == status["done"], status  # nothing lost or doubled
+    assert status["state"] == "done" and status["failed"] == 0 and status["duplicates"] == 0, status
