@@ -31,9 +31,10 @@ import os
 import sys
 from typing import Any
 
+# Where the serve stage puts the key (the same variable the router and the jobs read).
+from regen.module_utils.regen_secrets import API_KEY_ENV
+
 REPLACEMENT = "\ufffd"
-# Where the serve stage puts the key (the same variable the router reads).
-API_KEY_VARIABLE = "REGEN_SERVING_API_KEY"
 # Paths a probe reads without a secret (SGLang's own list: health, readiness, metrics; by prefix, so
 # /health_generate too).
 OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")
@@ -241,7 +242,7 @@ def install() -> None:
 def main(argv: list[str] | None = None) -> None:
     install()
     # Taken out of the environment, so nothing the server starts inherits it.
-    api_key = os.environ.pop(API_KEY_VARIABLE, "")
+    api_key = os.environ.pop(API_KEY_ENV, "")
     if api_key:
         require_api_key(api_key)
     from transformers.cli.transformers import main as transformers_main
