@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -106,3 +107,57 @@ def test_ascii_fast_path_reads_the_same_arrays():
         assert cp.tolist() == ref_cp.tolist()
         assert cls.tolist() == ref_cls.tolist()
         assert chars.tolist() == ref_cp[ref_cls != screen._SPACE].tolist()
+
+
+def _text_arrays_of(text):
+    from regen.quality import screen
+
+    if text.isascii():
+        cp, cls, _ = screen._ascii_arrays(text)
+        return cp, cls
+    return screen._text_arrays(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_token_keys_follow_the_detectors_tokens(seed):
+    # one key per token of the detector's own split, in order, and equal tokens with equal keys: what
+    # makes the bucket count and the loop runs upper bounds
+    from regen.quality import screen
+
+    text = _random_text(random.Random(seed))
+    tokens = detector.tokens_of(text)
+    if not text or text.isspace():
+        return
+    keys, first, length = screen._token_keys(*_text_arrays_of(text))
+    assert keys.size == len(tokens)
+    key_of: dict[str, int] = {}
+    for token, key, start, extra in zip(tokens, keys.tolist(), first.tolist(), length.tolist(), strict=True):
+        assert key_of.setdefault(token, key) == key
+        assert extra == len(token) - 1
+        assert text.encode("utf-32-le", "surrogatepass")[4 * start : 4 * start + 4] == token[0].encode(
+            "utf-32-le", "surrogatepass"
+        )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=80),
+    st.sampled_from([0.5, 0.51, 0.6, 0.75, 0.9, 1.0]),
+)
+def test_the_neighbour_bound_never_rules_out_a_majority(values, share):
+    from regen.quality import screen
+
+    chars = np.array(values, dtype=np.uint8)
+    top = max(values.count(v) for v in set(values))
+    if top / len(values) >= share:
+        assert screen._may_hold_a_majority(chars, share)
+
+
+def test_the_neighbour_bound_rules_out_prose():
+    from regen.quality import screen
+
+    prose = " ".join(e["text"] for e in OUTPUTS["good"]).replace(" ", "")
+    chars = np.frombuffer(prose.encode("utf-32-le"), dtype="<u4")
+    assert not screen._may_hold_a_majority(chars, detector.DEFAULT_THRESHOLDS.char_share)
+    assert screen._may_hold_a_majority(np.array([7] * 60 + [1, 2] * 20, dtype=np.uint8), 0.6)

@@ -195,7 +195,7 @@ def degeneration(
     `tokenizers.Tokenizer`); when given, a text it cannot reproduce is a finding too.
     """
     text = text or ""
-    if not text.strip():
+    if not text or text.isspace():  # not text.strip(): no copy of a long answer
         return [
             Finding(
                 "empty", "the content is empty" if not text else f"only whitespace ({len(text)} characters)"

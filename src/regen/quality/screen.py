@@ -5,12 +5,17 @@ The checks in `regen.quality.detector` are exact but cost Python-level work per 
 answer, which is most of a generation client's CPU per answer (issue 29). This module computes, with
 numpy over the answer's code points, bounds that are *necessary conditions* for each finding:
 
-  one_token_repeated  the exact share of the most common non-space character, and an upper bound on the
-                      most common token's share (tokens hashed; a hash collision can only raise it)
+  one_token_repeated  for characters: how many neighbours are equal (a character making up a share
+                      s > 1/2 of n leaves at least (2s - 1)n - 1 of them), then, only where that could
+                      pass, the exact count of the most common non-space character; for tokens: the
+                      fullest of 4,096 buckets of a key per token (its first and last characters and its
+                      length), an upper bound on the most common token's count
   ngram_loop          over the same last `loop_tail_tokens` tokens, the longest back-to-back run for every
-                      n <= max_n on the token hashes (a collision can only lengthen a run)
-  whitespace_run      the longest run of whitespace characters
+                      n <= max_n on those keys (the second character added)
+  whitespace_run      whether a run of `whitespace_chars` whitespace characters exists
 
+Equal tokens always get equal keys; two different tokens sharing a key can only raise a count or
+lengthen a run, so every bound is still an upper bound.
 A check whose bound cannot reach its threshold cannot find anything; any other check runs exactly as
 before (`suspects` names them). So the verdicts and the finding texts are the detector's own, always:
 the screen only skips work that could not have produced a finding. The tokenization here is the
@@ -24,6 +29,7 @@ runs every check, with the same results.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -47,32 +53,6 @@ _CLASS[:128] = [_class_of(chr(i)) for i in range(128)]
 # from bytes.translate, a C loop, instead of indexing and masking code-point arrays.
 _ASCII_CLASS = bytes(_CLASS[:128].tolist()) + bytes(128)
 _ASCII_SPACES = bytes(i for i in range(128) if _CLASS[i] == _SPACE)
-# The token hash: sum of (code point + 1) * P**(i - start) over a token's characters, mod 2**64. Computed
-# for all tokens at once as P**-start * sum((cp_i + 1) * P**i); P is odd, so it has an inverse mod 2**64.
-_P = 0x100000001B3  # the 64-bit FNV prime (odd)
-_P_INV = pow(_P, -1, 2**64)
-_powers: list[np.ndarray] = [np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64)]
-
-
-def _power_tables(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """P**i and P**-i mod 2**64 for i < size (kept for the process, grown when a longer text comes)."""
-    have = _powers[0].size
-    if have < size:
-        grown = max(size, 2 * have, 8192)
-        tables = []
-        for base in (_P, _P_INV):
-            table = np.ones(grown, dtype=np.uint64)
-            table[1] = base
-            filled, step = 2, base * base % 2**64  # step = base**filled
-            while filled < grown:
-                # array products wrap around mod 2**64, which is the arithmetic wanted
-                chunk = min(filled, grown - filled)
-                table[filled : filled + chunk] = table[:chunk] * np.uint64(step)
-                filled += chunk
-                step = step * step % 2**64
-            tables.append(table)
-        _powers[:] = tables
-    return _powers[0], _powers[1]
 
 
 def _run_lengths(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,24 +109,61 @@ def _min_loop_run(max_n: int, t) -> int:
     return max(1, min(runs))
 
 
+def _may_hold_a_majority(chars: np.ndarray, share: float) -> bool:
+    """False when no value can make up `share` (> 1/2) of `chars`: a value met k times, between the n - k
+    others, forms at most n - k + 1 runs, so at least 2k - n - 1 neighbours are equal to each other. One
+    comparison of the array with itself instead of a histogram."""
+    n = chars.size
+    least = math.floor(share * n) - 1  # at or below the smallest count that reaches `share` (float-safe)
+    need = 2 * least - n - 1
+    return need <= 0 or int(np.count_nonzero(chars[1:] == chars[:-1])) >= need
+
+
+def _token_keys(cp: np.ndarray, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(key, first, length - 1) of every token of the detector's tokenization (`\\w+|([^\\w\\s])\\1*`), in
+    order: `key` a uint32 hash of the token's first and last characters and its length, `first` where the
+    token starts. Equal tokens get equal keys (a collision can only make more of them equal), which is
+    all the bounds below need."""
+    word = cls == _WORD
+    punct = cls == _PUNCT
+    differs = cp[1:] != cp[:-1]
+    word_edge = word[1:] != word[:-1]
+    # a token starts at a word character after a non-word one, and at a punctuation character unless it
+    # repeats the one before it ("-----" is one token); it ends where the next character would not
+    # continue it
+    starts = np.empty(cls.size, dtype=bool)
+    starts[0] = cls[0] != _SPACE
+    starts[1:] = (word_edge & word[1:]) | (punct[1:] & differs)
+    ends = np.empty(cls.size, dtype=bool)
+    ends[-1] = cls[-1] != _SPACE
+    ends[:-1] = (word_edge & word[:-1]) | (punct[:-1] & differs)
+    first = np.flatnonzero(starts)
+    last = np.flatnonzero(ends)
+    length = (last - first).astype(np.uint32)
+    key = cp[first].astype(np.uint32) * np.uint32(0x9E3779B1)
+    key ^= cp[last].astype(np.uint32) * np.uint32(0xC2B2AE3D)
+    key ^= length * np.uint32(0x27D4EB2F)
+    return key, first, length
+
+
 def suspects(text: str, t) -> frozenset[str]:
     """The names of the checks (`one_token_repeated`, `ngram_loop`, `whitespace_run`) that could find
     something in `text` under thresholds `t`; the others cannot. `text` is not empty."""
-    cp, cls, chars = _ascii_arrays(text) if text.isascii() else (*_text_arrays(text), None)
+    if text.isascii():
+        cp, cls, chars = _ascii_arrays(text)
+    else:
+        cp, cls = _text_arrays(text)
+        chars = cp[cls != _SPACE]
     found: set[str] = set()
-    space = cls == _SPACE
 
-    # whitespace_run: only a run of at least whitespace_chars whitespace characters can be one
-    if _has_run(space, t.whitespace_chars):
+    # whitespace_run: only a run of at least whitespace_chars whitespace characters can be one (_SPACE is 0)
+    if t.whitespace_chars <= 0 or bytes(t.whitespace_chars) in cls.tobytes():
         found.add("whitespace_run")
 
-    nonspace = ~space
-    if chars is None:
-        chars = cp[nonspace]
     n_chars = chars.size
     if n_chars == 0:
         return frozenset(found)
-    if n_chars >= t.char_min_chars:
+    if n_chars >= t.char_min_chars and _may_hold_a_majority(chars, t.char_share):
         # ASCII characters counted one by one; all others in one bin, an upper bound for each of them
         counts = np.bincount(chars if chars.dtype == np.uint8 else np.minimum(chars, 128))
         top = int(counts.max())
@@ -157,39 +174,21 @@ def suspects(text: str, t) -> frozenset[str]:
         if top / n_chars >= t.char_share:
             found.add("one_token_repeated")
 
-    # tokens: a word character after a non-word one starts a token; a punctuation character starts one
-    # unless it repeats the character before it (a run like "-----" is one token)
-    prev_cls = np.empty_like(cls)
-    prev_cls[0] = _SPACE
-    prev_cls[1:] = cls[:-1]
-    prev_cp = np.empty_like(cp)
-    prev_cp[0] = np.iinfo(cp.dtype).max  # any value: the first character starts a token by its class
-    prev_cp[1:] = cp[:-1]
-    starts = nonspace & ((cls != prev_cls) | ((cls == _PUNCT) & (cp != prev_cp)))
-    # in the text without its whitespace, every token is a contiguous segment
-    seg_starts = np.flatnonzero(np.compress(nonspace, starts))
-    n_tokens = seg_starts.size
-    powers, inverse_powers = _power_tables(n_chars)
-    weighted = (chars.astype(np.uint64) + np.uint64(1)) * powers[:n_chars]
-    # each token's sum: the running sum at its last character less the one at the token before's (the
-    # segments tile the characters, the first starts at 0); mod 2**64 as np.add.reduceat, and cheaper
-    ends = np.empty_like(seg_starts)
-    ends[:-1] = seg_starts[1:] - 1
-    ends[-1] = n_chars - 1
-    sums = np.cumsum(weighted)[ends]
-    sums[1:] -= sums[:-1].copy()
-    hashes = sums * inverse_powers[seg_starts]
-
+    keys, first, length = _token_keys(cp, cls)
+    n_tokens = keys.size
     if "one_token_repeated" not in found and n_tokens >= t.word_min_words:
-        # the fullest of 4096 hash buckets bounds the most common token's count (linear); only a
-        # bucket that could pass is settled by counting the hashes themselves (a sort)
-        top = int(np.bincount((hashes & np.uint64(4095)).astype(np.intp), minlength=1).max())
-        if top / n_tokens >= t.word_share:
-            top = int(np.unique(hashes, return_counts=True)[1].max())
+        # the fullest of 4096 key buckets bounds the most common token's count
+        top = int(np.bincount(keys >> np.uint32(20)).max())
         if top / n_tokens >= t.word_share:
             found.add("one_token_repeated")
 
-    tail = hashes[-t.loop_tail_tokens :]  # as the detector slices its token list (0: all of them)
+    # the loop search reads the last loop_tail_tokens tokens, as the detector slices its list (0: all);
+    # their keys also take the second character (the first again for a one-character token), which
+    # tells apart tokens like w12 and w22 that a loop at a lag of 10 would otherwise confuse
+    tail = keys[-t.loop_tail_tokens :] ^ (
+        cp[first[-t.loop_tail_tokens :] + (length[-t.loop_tail_tokens :] > 0)].astype(np.uint32)
+        * np.uint32(0x85EBCA77)
+    )
     size = tail.size
     max_n = min(t.max_n, size // 2)
     if max_n >= 1:
