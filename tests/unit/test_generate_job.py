@@ -481,3 +481,35 @@ def test_degeneration_settings_that_cannot_work_are_refused():
                               "--model", "m", "--degenerate-threshold", "1.5"])
     with pytest.raises(JobError, match="--degenerate-threshold"):
         settings_from_args(args)
+
+
+def test_a_first_run_builds_no_map_of_prompt_keys_and_an_edited_set_is_reconciled(
+    tmp_path, stub, monkeypatch
+):
+    # With no completion in the directory none can be stale: the map of every prompt's key (a JSON parse
+    # and ~200 bytes per prompt, held at once) is not built. Once there are completions, an edited prompt
+    # set is reconciled as before.
+    from regen.jobs.generate import job as job_module
+
+    built = []
+    real = job_module.input_keys
+
+    def counted(files):
+        built.append(files)
+        return real(files)
+
+    monkeypatch.setattr(job_module, "input_keys", counted)
+    simple_prompts(tmp_path, 5)
+    code, _ = run(settings(tmp_path, [stub.url]))
+    assert code == 0 and len(records(tmp_path / "out")) == 5
+    assert built == []
+    write_prompts(
+        tmp_path,
+        [
+            {"id": f"p{i}", "conversations": turns(("user", f"question {i}{'!' if i == 2 else ''}"))}
+            for i in range(5)
+        ],
+    )
+    code, job = run(settings(tmp_path, [stub.url]))
+    assert code == 0 and len(built) == 1
+    assert job._moved and len(records(tmp_path / "out")) == 5

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from regen.jobs import generate as G
-from regen.jobs.generate.judging import Judge
+from regen.jobs.generate.judging import INLINE_EVERY, Judge
 from regen.quality.detector import degeneration
 from tests.helpers.stub_openai_server import StubConfig, StubServer
 
@@ -45,10 +45,14 @@ def test_the_worker_judges_as_the_detector_falls_behind_counted_and_survives_its
         assert found == [degeneration(text) for text in TEXTS]
         assert any(found) and not all(found)
         assert judge.judged == 2 + len(TEXTS) and judge.waiting == 0
-        # a judge that is behind: the answer goes unjudged, counted
+        # a judge that is behind: the answer goes unjudged, counted; one in INLINE_EVERY is judged in the
+        # event loop, so a starved worker never leaves the stop without a sample
         judge.backlog = 0
-        assert await judge.findings(TEXTS[0]) is None
-        assert judge.unjudged == 1
+        garbage = next(text for text in TEXTS if degeneration(text))
+        behind = [await judge.findings(garbage) for _ in range(3 * INLINE_EVERY)]
+        assert behind.count(None) == judge.unjudged == 3 * (INLINE_EVERY - 1)
+        assert [found for found in behind if found is not None] == [degeneration(garbage)] * 3
+        assert judge.judged == 2 + len(TEXTS) + 3
         judge.backlog = 100
         # a worker killed under it: its answers are judged inline, and so is everything after
         for pid in list(judge._pool._processes):
@@ -176,3 +180,17 @@ def test_a_sigkilled_job_leaves_no_judge_worker_behind(tmp_path):
         finally:
             if job.poll() is None:
                 job.kill()
+
+
+def test_the_worker_yields_the_cpu_to_everything_else():
+    # SCHED_IDLE where Linux allows it (an unprivileged process may always lower itself to it)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from regen.jobs._judge_worker import worker_init
+
+    with ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn"), initializer=worker_init, initargs=(os.getpid(),)
+    ) as pool:
+        policy = pool.submit(os.sched_getscheduler, 0).result(timeout=60)
+    assert policy == os.SCHED_IDLE

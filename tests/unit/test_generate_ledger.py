@@ -342,3 +342,23 @@ def test_a_torn_line_left_in_the_aside_file_by_an_older_run_is_cut_before_append
     store.move_aside(_doomed({"a"}), aside)
     store.close()
     assert aside_ids(aside) == ["old", "a"]
+
+
+def test_index_merges_this_runs_ids_into_sorted_arrays_and_keeps_every_one(monkeypatch):
+    import numpy as np
+
+    from regen.jobs import _ledger
+    from regen.jobs._ledger import _split_digests
+
+    monkeypatch.setattr(_ledger, "_RECENT_IDS", 64)  # many merges from a few hundred ids
+    idx = IdIndex()
+    bulk = [id_digest(f"b{i}") for i in range(300)]
+    idx.load(*_split_digests(bulk))
+    added = [id_digest(f"n{i}") for i in range(1000)]
+    for digest in added:
+        idx.add(digest)
+    assert len(idx._recent) < 64 and len(idx) == 1300
+    assert bool(np.all(idx._hi[1:] >= idx._hi[:-1]))  # still sorted: lookups bisect it
+    probe = bulk + added + [id_digest(f"x{i}") for i in range(200)]
+    assert idx.contains_many(probe) == [True] * 1300 + [False] * 200
+    assert all(d in idx for d in bulk[::7] + added[::7])

@@ -109,6 +109,9 @@ def _whole_lines_size(path: Path, chunk: int = 1 << 16) -> int:
         os.close(fd)
 
 
+_RECENT_IDS = 1 << 14  # this run's ids kept in a Python set before they join the sorted arrays
+
+
 class IdIndex:
     """A set of id digests: sorted arrays (bulk, from the ledger) plus a Python set (this run's ids)."""
 
@@ -127,14 +130,20 @@ class IdIndex:
 
     def add(self, digest: bytes) -> None:
         self._recent.add(digest)
-        # Merge when the set outgrows a quarter of the arrays (or 16k ids): amortised O(log n) per id, and
-        # the set (about 100 bytes per id against 16 in the arrays) stays a small part of the memory.
-        if len(self._recent) >= max(1 << 14, len(self._hi) // 4):
+        # The set costs about 100 bytes per id against 16 in the arrays, and what it held stays with the
+        # process after a merge (the allocator keeps its arenas): merged at a fixed 16k ids, so the set's
+        # share of the memory does not grow with the run. A merge inserts the sorted new ids into the
+        # sorted arrays, one pass over them (no sort of the whole).
+        if len(self._recent) >= _RECENT_IDS:
             self._compact()
 
     def _compact(self) -> None:
         hi, lo = _split_digests(list(self._recent))
-        self.load(np.concatenate([self._hi, hi]), np.concatenate([self._lo, lo]))
+        order = np.argsort(hi, kind="stable")
+        hi, lo = hi[order], lo[order]
+        at = np.searchsorted(self._hi, hi)
+        self._hi = np.insert(self._hi, at, hi)
+        self._lo = np.insert(self._lo, at, lo)
         self._recent = set()
 
     def __contains__(self, digest: bytes) -> bool:

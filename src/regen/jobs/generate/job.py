@@ -350,6 +350,11 @@ class GenerateJob:
             and not self.store.move_aside_pending(aside)
         ):
             return  # the prompt set and settings last reconciled: every record's key still holds
+        if not len(self.store.index) and not self.store.move_aside_pending(aside):
+            # no completion yet, so none can be stale: the map of every prompt's key (about 200 bytes
+            # and a JSON parse per prompt, held at once) is not built for nothing
+            self._write_run_json(digest)
+            return
         keys = input_keys(files)
         self._moved = self.store.move_aside(stale_reason(keys, self._settings_key), aside)
         if self._moved:

@@ -5,13 +5,17 @@ The checks cost CPU per answer (about 0.2 ms for a 6 KB answer with the screen o
 answer. Run inside the event loop, that time is time in which no response is read and no request is
 sent (issue 29). With `workers` > 0 the answers finished in the same moment go, as one batch, to a
 process pool and the loop goes back to I/O; the record waits for its verdict (it carries the findings)
-and is written after. The workers run at a lower priority (nice +10): on a host where the CPUs are
-short, the client's I/O and a local server come first, and the checks use what is left.
+and is written after. The workers run at the lowest priority (SCHED_IDLE; nice +10 where that is not
+allowed): on a host where the CPUs are short, the client's I/O and a local server come first, and the
+checks use what is left.
 
 When the workers fall behind (more than `backlog` answers waiting for a verdict), an answer is written
 without one: the rolling share is then judged on the answers that were checked (a sample, taken as they
 come), and the count of the others is in the status document (`degeneration.unjudged`) and logged once.
-The stop stays on either way; what it cannot do is slow generation down to the judge's speed. With 0
+Of the answers beyond the backlog, every `INLINE_EVERY`th is judged in the event loop: a worker that
+gets no CPU at all (SCHED_IDLE on a host whose cores are all busy) leaves the stop a sample of at least
+that share, never none. The stop stays on either way; what it cannot do is slow generation down to the
+judge's speed. With 0
 the checks run inline, every answer, as before. The verdicts are the detector's own in every mode.
 
 bench/bench_generate.py measures both against a bare client in the same run (the `long` case).
@@ -30,7 +34,15 @@ from regen.jobs._common import kv
 from regen.jobs._judge_worker import WORKER_NICE, judge_many, warm, worker_init
 from regen.quality.detector import Finding, degeneration
 
-__all__ = ["BACKLOG_ANSWERS", "BATCH_ANSWERS", "BATCH_WAIT_S", "WORKER_NICE", "Judge", "judge_many"]
+__all__ = [
+    "BACKLOG_ANSWERS",
+    "BATCH_ANSWERS",
+    "BATCH_WAIT_S",
+    "INLINE_EVERY",
+    "WORKER_NICE",
+    "Judge",
+    "judge_many",
+]
 
 log = logging.getLogger("regen.jobs.generate")
 
@@ -41,6 +53,8 @@ BATCH_WAIT_S = 0.05
 # Answers waiting for a verdict before new ones go unjudged: a few batches, so a worker that keeps up
 # never drops one, and a worker that cannot keep up holds back no more than this many records.
 BACKLOG_ANSWERS = 4 * BATCH_ANSWERS
+# Beyond the backlog, one answer in this many is judged in the event loop (the floor of the sample).
+INLINE_EVERY = 10
 
 
 class Judge:
@@ -67,6 +81,7 @@ class Judge:
         self.waiting = 0  # answers handed to the workers, verdict not back yet
         self.judged = 0
         self.unjudged = 0
+        self._behind = 0  # answers that met a full backlog
         self._batch: list[tuple[str | None, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._inflight: set[asyncio.Future] = set()
@@ -96,6 +111,10 @@ class Judge:
             self.judged += 1
             return degeneration(text)
         if self.waiting >= self.backlog:
+            self._behind += 1
+            if self._behind % INLINE_EVERY == 0:
+                self.judged += 1
+                return degeneration(text)
             if not self.unjudged:
                 log.warning(
                     "the degeneration checks fall behind the answers; answers beyond the backlog are "
