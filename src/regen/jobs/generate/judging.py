@@ -1,6 +1,6 @@
 """Where the generation job runs the degeneration checks of its answers: in worker processes, or inline.
 
-The checks cost CPU per answer (about 0.2 ms for a 6 KB answer with the screen of
+The checks cost CPU per answer (about 0.1 ms for a 6 KB answer with the screen of
 `regen.quality.screen`, more for a long one), comparable to what the HTTP client itself spends on the
 answer. Run inside the event loop, that time is time in which no response is read and no request is
 sent (issue 29). With `workers` > 0 the answers finished in the same moment go, as one batch, to a
@@ -15,8 +15,8 @@ come), and the count of the others is in the status document (`degeneration.unju
 Of the answers beyond the backlog, every `INLINE_EVERY`th is judged in the event loop: a worker that
 gets no CPU at all (SCHED_IDLE on a host whose cores are all busy) leaves the stop a sample of at least
 that share, never none. The stop stays on either way; what it cannot do is slow generation down to the
-judge's speed. With 0
-the checks run inline, every answer, as before. The verdicts are the detector's own in every mode.
+judge's speed. With 0 workers the checks run inline, every answer, as before. The verdicts are the
+detector's own in every mode.
 
 bench/bench_generate.py measures both against a bare client in the same run (the `long` case).
 """
