@@ -61,9 +61,10 @@ def _run_lengths(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return edges[::2], edges[1::2] - edges[::2]
 
 
-def _has_run(mask: np.ndarray, length: int) -> bool:
-    """Whether a boolean array holds `length` True values in a row (a C substring search of its bytes)."""
-    return length <= 0 or b"\x01" * length in mask.tobytes()
+def _has_run(values: np.ndarray, length: int, value: int = 1) -> bool:
+    """Whether a one-byte array (bool or uint8) holds `length` elements equal to `value` in a row (a C
+    substring search of its bytes)."""
+    return length <= 0 or bytes((value,)) * length in values.tobytes()
 
 
 def _code_points(text: str) -> np.ndarray:
@@ -120,10 +121,11 @@ def _may_hold_a_majority(chars: np.ndarray, share: float) -> bool:
 
 
 def _token_keys(cp: np.ndarray, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(key, first, length - 1) of every token of the detector's tokenization (`\\w+|([^\\w\\s])\\1*`), in
+    """(key, first, last_offset) of every token of the detector's tokenization (`\\w+|([^\\w\\s])\\1*`), in
     order: `key` a uint32 hash of the token's first and last characters and its length, `first` where the
-    token starts. Equal tokens get equal keys (a collision can only make more of them equal), which is
-    all the bounds below need."""
+    token starts, `last_offset` its last character's offset from the first (its length - 1). Equal
+    tokens get equal keys (a collision can only make more of them equal), which is all the bounds below
+    need."""
     word = cls == _WORD
     punct = cls == _PUNCT
     differs = cp[1:] != cp[:-1]
@@ -139,11 +141,11 @@ def _token_keys(cp: np.ndarray, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray
     ends[:-1] = (word_edge & word[:-1]) | (punct[:-1] & differs)
     first = np.flatnonzero(starts)
     last = np.flatnonzero(ends)
-    length = (last - first).astype(np.uint32)
+    last_offset = (last - first).astype(np.uint32)
     key = cp[first].astype(np.uint32) * np.uint32(0x9E3779B1)
     key ^= cp[last].astype(np.uint32) * np.uint32(0xC2B2AE3D)
-    key ^= length * np.uint32(0x27D4EB2F)
-    return key, first, length
+    key ^= last_offset * np.uint32(0x27D4EB2F)
+    return key, first, last_offset
 
 
 def suspects(text: str, t) -> frozenset[str]:
@@ -156,8 +158,8 @@ def suspects(text: str, t) -> frozenset[str]:
         chars = cp[cls != _SPACE]
     found: set[str] = set()
 
-    # whitespace_run: only a run of at least whitespace_chars whitespace characters can be one (_SPACE is 0)
-    if t.whitespace_chars <= 0 or bytes(t.whitespace_chars) in cls.tobytes():
+    # whitespace_run: only a run of at least whitespace_chars whitespace characters can be one
+    if _has_run(cls, t.whitespace_chars, _SPACE):
         found.add("whitespace_run")
 
     n_chars = chars.size
@@ -174,7 +176,7 @@ def suspects(text: str, t) -> frozenset[str]:
         if top / n_chars >= t.char_share:
             found.add("one_token_repeated")
 
-    keys, first, length = _token_keys(cp, cls)
+    keys, first, last_offset = _token_keys(cp, cls)
     n_tokens = keys.size
     if "one_token_repeated" not in found and n_tokens >= t.word_min_words:
         # the fullest of 4096 key buckets bounds the most common token's count
@@ -185,10 +187,9 @@ def suspects(text: str, t) -> frozenset[str]:
     # the loop search reads the last loop_tail_tokens tokens, as the detector slices its list (0: all);
     # their keys also take the second character (the first again for a one-character token), which
     # tells apart tokens like w12 and w22 that a loop at a lag of 10 would otherwise confuse
-    tail = keys[-t.loop_tail_tokens :] ^ (
-        cp[first[-t.loop_tail_tokens :] + (length[-t.loop_tail_tokens :] > 0)].astype(np.uint32)
-        * np.uint32(0x85EBCA77)
-    )
+    in_tail = slice(-t.loop_tail_tokens, None)
+    second = cp[first[in_tail] + (last_offset[in_tail] > 0)]
+    tail = keys[in_tail] ^ (second.astype(np.uint32) * np.uint32(0x85EBCA77))
     size = tail.size
     max_n = min(t.max_n, size // 2)
     if max_n >= 1:

@@ -344,25 +344,20 @@ class GenerateJob:
         generated again. run.json is written after: a kill before it makes the next run reconcile again."""
         digest = inputs_digest(files)
         aside = self.s.output_dir / ASIDE_NAME
-        if (
-            digest == self._previous_inputs
-            and self._settings_key == self._previous_settings
-            and not self.store.move_aside_pending(aside)
-        ):
+        pending = self.store.move_aside_pending(aside)
+        if digest == self._previous_inputs and self._settings_key == self._previous_settings and not pending:
             return  # the prompt set and settings last reconciled: every record's key still holds
-        if not len(self.store.index) and not self.store.move_aside_pending(aside):
-            # no completion yet, so none can be stale: the map of every prompt's key (about 200 bytes
-            # and a JSON parse per prompt, held at once) is not built for nothing
-            self._write_run_json(digest)
-            return
-        keys = input_keys(files)
-        self._moved = self.store.move_aside(stale_reason(keys, self._settings_key), aside)
-        if self._moved:
-            log.warning(
-                "completions of edited or removed prompts, or made with other settings, moved aside; "
-                "the edited and re-settled ones are generated again",
-                extra=kv(**self._moved, to=str(aside)),
-            )
+        # With no completion yet none can be stale: the map of every prompt's key (about 200 bytes and a
+        # JSON parse per prompt, held at once) is built only where there is something to compare it with.
+        if len(self.store.index) or pending:
+            keys = input_keys(files)
+            self._moved = self.store.move_aside(stale_reason(keys, self._settings_key), aside)
+            if self._moved:
+                log.warning(
+                    "completions of edited or removed prompts, or made with other settings, moved aside; "
+                    "the edited and re-settled ones are generated again",
+                    extra=kv(**self._moved, to=str(aside)),
+                )
         self._write_run_json(digest)
 
     # ------------------------------------------------------------------ status
