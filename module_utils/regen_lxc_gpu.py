@@ -2,7 +2,8 @@
 
 Pure functions over real outputs (`pct config`, /proc/devices, `ls -l /dev/nvidia*`-like node lists): which
 device nodes go into the container, as Proxmox `devN:` entries (pve-container's device passthrough) or as raw
-`lxc.cgroup2.devices.allow` + `lxc.mount.entry` lines (older nodes, and plain LXC), the limits NCCL needs
+`lxc.cgroup2.devices.allow` (`lxc.cgroup.devices.allow` where the node's devices controller is on cgroup v1)
++ `lxc.mount.entry` lines (older nodes, and plain LXC), the limits NCCL needs
 (memlock unlimited, nofile, a /dev/shm of its own size), and what must change for a config to match
 (idempotent: nothing when it already does).
 
@@ -21,7 +22,21 @@ REQUIRED_NODES = ("nvidiactl", "nvidia-uvm")
 OPTIONAL_NODES = ("nvidia-uvm-tools", "nvidia-modeset")
 # Lines the role owns in a config: replaced as a whole so a changed GPU count or uvm major never leaves a
 # stale line behind.
-OWNED_KEYS = ("lxc.cgroup2.devices.allow", "lxc.mount.entry", "lxc.prlimit.memlock", "lxc.prlimit.nofile")
+# The device allow key of each cgroup version: LXC applies the one of the hierarchy that holds the devices
+# controller and ignores the other, so a line of the wrong version leaves the GPU nodes unopenable (EPERM)
+# in a container that starts fine.
+ALLOW_KEYS = {1: "lxc.cgroup.devices.allow", 2: "lxc.cgroup2.devices.allow"}
+OWNED_KEYS = (*ALLOW_KEYS.values(), "lxc.mount.entry", "lxc.prlimit.memlock", "lxc.prlimit.nofile")
+
+
+def devices_cgroup_version(proc_cgroups):
+    """1 when the node's devices controller sits on a cgroup v1 hierarchy (a hybrid layout: /proc/cgroups
+    gives it a hierarchy id), else 2 (the unified layout of Proxmox VE 7 and later: every id is 0)."""
+    for line in (proc_cgroups or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[0] == "devices":
+            return 1 if fields[1] != "0" and fields[3] == "1" else 2
+    return 2
 
 
 def parse_proc_devices(text):
@@ -91,9 +106,9 @@ def dev_entries(nodes, mode="0666", gid=None):
     return entries
 
 
-def raw_device_lines(nodes, majors):
-    """`lxc.cgroup2.devices.allow` per major (195 and nvidia-uvm's, read from /proc/devices) and one
-    `lxc.mount.entry` per node, as (key, value) pairs."""
+def raw_device_lines(nodes, majors, cgroup_version=2):
+    """A device allow line per major (195 and nvidia-uvm's, read from /proc/devices; the key of the node's
+    cgroup version) and one `lxc.mount.entry` per node, as (key, value) pairs."""
     uvm = majors.get("nvidia-uvm")
     if uvm is None:
         raise ValueError(
@@ -103,26 +118,61 @@ def raw_device_lines(nodes, majors):
     for name in ("nvidia-caps",):
         if majors.get(name) is not None:
             allow.append(majors[name])
-    lines = [("lxc.cgroup2.devices.allow", f"c {major}:* rwm") for major in allow]
+    lines = [(ALLOW_KEYS[cgroup_version], f"c {major}:* rwm") for major in allow]
     lines += [
         ("lxc.mount.entry", f"{node} {node.lstrip('/')} none bind,optional,create=file") for node in nodes
     ]
     return lines
 
 
-def limit_lines(nofile, shm_size_gib):
-    """memlock unlimited (NCCL, CUDA pinned memory, Mooncake), nofile, a /dev/shm tmpfs of its own size."""
+def limit_lines(nofile, shm_size_gib, memlock="unlimited"):
+    """memlock (unlimited: NCCL, CUDA pinned memory, Mooncake), nofile, a /dev/shm tmpfs of its own size."""
     return [
-        ("lxc.prlimit.memlock", "unlimited"),
+        ("lxc.prlimit.memlock", str(memlock)),
         ("lxc.prlimit.nofile", str(int(nofile))),
         ("lxc.mount.entry", f"tmpfs dev/shm tmpfs rw,nosuid,nodev,size={int(shm_size_gib)}G,create=dir 0 0"),
     ]
 
 
+def _limit_value(value):
+    """An lxc.prlimit value (or an rlimit) as a number, None for unlimited."""
+    if value is None or str(value).strip().lower() in ("unlimited", "infinity"):
+        return None
+    return int(value)
+
+
+def limits_the_node_cannot_grant(memlock, nofile, hard, can_raise_hard, nr_open):
+    """Why the container would not start with these limits ([] when it would): LXC sets them on the
+    container's init when it starts, which fails, and leaves the container stopped, where the starting
+    process may not raise its hard limit that far (no CAP_SYS_RESOURCE) or nofile exceeds fs.nr_open.
+
+    `hard` is {"memlock": bytes or None, "nofile": count or None} of the node's root; None is unlimited."""
+    refusals = []
+    for name, variable, wanted in (
+        ("memlock", "lxc_gpu_container_memlock", _limit_value(memlock)),
+        ("nofile", "lxc_gpu_container_nofile", _limit_value(nofile)),
+    ):
+        limit = _limit_value(hard.get(name))
+        if not can_raise_hard and limit is not None and (wanted is None or wanted > limit):
+            refusals.append(
+                f"lxc.prlimit.{name} = {'unlimited' if wanted is None else wanted} is above the node's hard "
+                f"limit {limit} and the node's root may not raise it (no CAP_SYS_RESOURCE): raise the node's "
+                f"limit (systemd DefaultLimit{name.upper()}, /etc/security/limits.conf) or set {variable} "
+                f"to at most {limit}"
+            )
+    wanted_nofile = _limit_value(nofile)
+    if nr_open is not None and (wanted_nofile is None or wanted_nofile > int(nr_open)):
+        refusals.append(
+            f"lxc.prlimit.nofile = {nofile} is above the node's fs.nr_open {nr_open}: raise it "
+            f"(sysctl fs.nr_open) or set lxc_gpu_container_nofile to at most {nr_open}"
+        )
+    return refusals
+
+
 def _owned(key, value):
     if key in ("lxc.prlimit.memlock", "lxc.prlimit.nofile"):
         return True
-    if key == "lxc.cgroup2.devices.allow":
+    if key in ALLOW_KEYS.values():
         return True
     if key == "lxc.mount.entry":
         # By its target: a GPU node or /dev/shm in the container, wherever the source is (some operators
@@ -144,7 +194,7 @@ def plan(current_pairs, want_dev, want_lines):
     )
     current_owned = [(k, v) for k, v in current_pairs if k in OWNED_KEYS and _owned(k, v)]
     wanted = list(want_lines)
-    allow_wanted = {v for k, v in wanted if k == "lxc.cgroup2.devices.allow"}
+    allow_wanted = {v for k, v in wanted if k in ALLOW_KEYS.values()}
     remove = []
     for pair in current_owned:
         if pair in wanted:
@@ -152,7 +202,7 @@ def plan(current_pairs, want_dev, want_lines):
         key, value = pair
         # Another device's allow line (e.g. a TPU's c 120:0 rwm) is not the role's to remove: only allow
         # lines for the GPU majors are owned.
-        if key == "lxc.cgroup2.devices.allow" and not _gpu_allow(value, allow_wanted):
+        if key in ALLOW_KEYS.values() and not _gpu_allow(value, allow_wanted):
             continue
         remove.append(pair)
     add = [pair for pair in wanted if pair not in current_pairs]

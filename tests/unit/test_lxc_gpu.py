@@ -112,3 +112,52 @@ def test_missing_nodes_name_the_fix_and_versions_gate_dev_entries():
 def test_snapshot_sections_are_not_the_running_config():
     text = (FIX / "pve_lxc_dev_entries.conf").read_text() + "\n[before-upgrade]\ndev0: /dev/old\n"
     assert dict(lxc.parse_pct_config(text))["dev0"] == "/dev/dri/card0,gid=44"
+
+
+# /proc/cgroups of a hybrid host (this workplace's machine: the devices controller on v1 hierarchy 5) and of a
+# unified one (every controller at hierarchy 0, as on Proxmox VE 7 and later).
+HYBRID_CGROUPS = """#subsys_name\thierarchy\tnum_cgroups\tenabled
+cpuset\t3\t4\t1
+devices\t5\t14\t1
+net_cls\t0\t15\t1
+"""
+UNIFIED_CGROUPS = """#subsys_name\thierarchy\tnum_cgroups\tenabled
+cpuset\t0\t120\t1
+devices\t0\t120\t1
+"""
+
+
+def test_allow_lines_take_the_key_of_the_nodes_devices_cgroup():
+    assert lxc.devices_cgroup_version(HYBRID_CGROUPS) == 1
+    assert lxc.devices_cgroup_version(UNIFIED_CGROUPS) == 2
+    assert lxc.devices_cgroup_version(Path("/proc/cgroups").read_text()) in (1, 2)
+    v1 = lxc.raw_device_lines(NODES_2, {"nvidia-uvm": _uvm_major()}, cgroup_version=1)
+    assert ("lxc.cgroup.devices.allow", "c 487:* rwm") in v1
+    assert not any(key == "lxc.cgroup2.devices.allow" for key, _ in v1)
+    # A config written for the other version is corrected: its GPU allow lines go, the new key's come.
+    v2 = lxc.raw_device_lines(NODES_2, {"nvidia-uvm": _uvm_major()}, cgroup_version=2)
+    changes = lxc.plan(v2, {}, v1)
+    assert {v for k, v in changes["remove"] if k == "lxc.cgroup2.devices.allow"} == {
+        "c 195:* rwm",
+        "c 487:* rwm",
+    }
+    assert ("lxc.cgroup.devices.allow", "c 195:* rwm") in changes["add"]
+
+
+def test_limits_above_what_the_node_can_grant_are_named_with_their_variable():
+    capped = {"memlock": 8388608, "nofile": 20000}
+    refusals = lxc.limits_the_node_cannot_grant("unlimited", 1048576, capped, False, 1048576)
+    assert len(refusals) == 2
+    assert "memlock = unlimited" in refusals[0] and "lxc_gpu_container_memlock" in refusals[0]
+    assert "at most 8388608" in refusals[0] and "at most 20000" in refusals[1]
+    # A root that may raise its hard limits (CAP_SYS_RESOURCE, a real node) gets them; fs.nr_open still caps
+    # nofile for everyone.
+    assert lxc.limits_the_node_cannot_grant("unlimited", 1048576, capped, True, 1048576) == []
+    over = lxc.limits_the_node_cannot_grant("unlimited", 1048577, capped, True, 1048576)
+    assert len(over) == 1 and "fs.nr_open 1048576" in over[0]
+    # Within the caps nothing is refused; unlimited hard limits never refuse.
+    assert lxc.limits_the_node_cannot_grant(8388608, 20000, capped, False, 1048576) == []
+    assert (
+        lxc.limits_the_node_cannot_grant("unlimited", 1048576, {"memlock": None, "nofile": None}, False, None)
+        == []
+    )
