@@ -12,9 +12,9 @@ description:
     and compares the container's current config (O(config), e.g. C(pct config <vmid>) or the plain-LXC config
     file) with what it must hold, as Proxmox C(devN) entries or raw C(lxc.cgroup2.devices.allow) and
     C(lxc.mount.entry) lines (C(lxc.cgroup.devices.allow) where C(/proc/cgroups) puts the node's devices
-    controller on a cgroup v1 hierarchy: LXC ignores the other version's lines), plus
+    controller on a cgroup v1 hierarchy, since LXC ignores the other version's lines), plus
     C(lxc.prlimit.memlock) (unlimited), C(lxc.prlimit.nofile) and a C(/dev/shm) tmpfs of O(shm_size_gib).
-  - Fails, before anything is changed, when the node could not grant those limits: LXC sets them on the
+  - Fails, before anything is changed, when the node could not grant those limits. LXC sets them on the
     container's init at start and the container does not start where the node's root may not raise its hard
     limit that far (no C(CAP_SYS_RESOURCE)) or O(nofile) exceeds C(fs.nr_open).
   - Changes nothing; returns the one C(pct set) call and the lines to add and remove (empty when the config

@@ -10,8 +10,9 @@ short_description: Check, copy from a mirror, and verify a model's files against
 description:
   - C(state=check) reads the marker a verified copy leaves (C(.regen-weights.json)) and says whether the
     directory holds every file of O(source) at its verified size; nothing is hashed or contacted.
-  - C(state=disk) fails when the free space under O(dest) is smaller than what is still to fetch (the weight
-    index's C(metadata.total_size), else the hub's listing, minus what is present) plus O(margin_bytes).
+  - C(state=disk) fails when the free space under O(dest) is smaller than what is still to fetch (the sizes
+    in a source manifest already in O(dest), else the weight index's C(metadata.total_size), else the hub's
+    listing, minus what is present) plus O(margin_bytes).
   - C(state=verify_hub) hashes every file against the hub listing C(hf download) wrote for O(commit)
     (sha256 of LFS files, git blob id of the others); a mismatching file is removed with hf's record of it
     (so the next run fetches it again) and the task fails naming it; all good writes the marker.
@@ -22,7 +23,8 @@ description:
   - C(state=manifest) writes the sha256 manifest beside the files in O(dest) when it is absent (the
     bastion's side of the bastion path).
   - C(state=verify_manifest) checks the files against the manifest that came with them (on the bastion path,
-    synchronize brings C(.regen-sha256.json) along).
+    synchronize brings C(.regen-sha256.json) along); a mismatching file is removed (so the next run fetches it
+    again) and the task fails naming it.
 version_added: "0.1.0"
 author: regen maintainers
 options:
@@ -121,6 +123,7 @@ from ansible.module_utils.regen_weights import (
     free_bytes,
     hub_expected,
     list_files,
+    manifest_disk_need,
     marker_document,
     metadata_first,
     quick_check,
@@ -193,6 +196,10 @@ def main():
         index = read_json(os.path.join(dest, "model.safetensors.index.json"))
         present = _present_sizes(dest)
         need, why = disk_need(index, present, p["margin_bytes"])
+        # The bastion's manifest, pushed ahead of the files, lists every file with its size.
+        manifest = (read_json(os.path.join(dest, SOURCE_MANIFEST)) or {}).get("files")
+        if manifest:
+            need, why = manifest_disk_need(manifest, present, p["margin_bytes"])
         if need is None and p["commit"]:
             expected = hub_expected(dest, p["commit"]) or {}
             if expected:
@@ -243,11 +250,21 @@ def main():
             module.fail_json(msg=f"{dest}/{SOURCE_MANIFEST} did not come with the files", **result)
         missing, corrupted = verify(dest, manifest)
         result["corrupted"] = corrupted
+        if corrupted and not module.check_mode:
+            # rsync skips a file whose size and time match, so a rotten one would be refused on every run.
+            for entry in corrupted:
+                os.remove(os.path.join(dest, entry["file"]))
         if missing or corrupted:
             module.fail_json(
                 msg="refused: "
                 + "; ".join(
                     [f"{c['file']}: {c['reason']}" for c in corrupted] + [f"{m}: missing" for m in missing]
+                )
+                + (
+                    "; the refused files are removed, run again to fetch them again (refused again: the "
+                    "source's own file does not match its manifest, repair it there)"
+                    if corrupted
+                    else ""
                 ),
                 **result,
             )

@@ -169,6 +169,19 @@ def disk_need(index, present_sizes, margin_bytes):
     return need, f"index total_size {int(total)} bytes, {have} present, margin {int(margin_bytes)}"
 
 
+def manifest_disk_need(manifest, present_sizes, margin_bytes):
+    """(need_bytes, reason) from a source manifest ({file: {size, ...}}): the files not yet present at their
+    size, plus the margin."""
+    total = sum(int(entry["size"]) for entry in manifest.values())
+    have = sum(int(e["size"]) for name, e in manifest.items() if present_sizes.get(name) == int(e["size"]))
+    need = total - have + int(margin_bytes)
+    margin = int(margin_bytes)
+    return (
+        need,
+        f"the source manifest's {len(manifest)} files: {total} bytes, {have} present, margin {margin}",
+    )
+
+
 def free_bytes(path):
     while not os.path.exists(path):
         path = os.path.dirname(path)

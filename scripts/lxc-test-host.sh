@@ -8,6 +8,9 @@
 #   scripts/lxc-test-host.sh destroy NAME                 stop and remove NAME (no error if absent)
 #   scripts/lxc-test-host.sh rootfs                       build the cached root filesystem only
 #
+# REGEN_LXC_EXTRA_CONFIG: lines appended to a new container's config before its first start (e.g. an
+# lxc.mount.entry that shares a directory between two containers, as an NFS mount would).
+#
 # Everything is idempotent. The root filesystem (Debian bookworm from debootstrap, plus python3,
 # python3-venv and openssh-server) is built once per machine and kept as a tarball in
 # $REGEN_LXC_CACHE (default /var/cache/lxc/regen, next to lxc's own template cache, so a fresh clone
@@ -125,6 +128,7 @@ lxc.apparmor.allow_nesting = 1
 lxc.tty.max = 4
 lxc.pty.max = 1024
 CONF
+  [ -z "${REGEN_LXC_EXTRA_CONFIG:-}" ] || printf '%s\n' "$REGEN_LXC_EXTRA_CONFIG" >> "$dir/config"
   echo "$name" > "$dir/rootfs/etc/hostname"
   printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$name" > "$dir/rootfs/etc/hosts"
   install -d -m 700 "$dir/rootfs/root/.ssh"
