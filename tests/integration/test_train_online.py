@@ -18,6 +18,10 @@ Mooncake venv are built once and shared.
 Refusals, each with its cause and the variable to change: a Mooncake port held by another process; capture
 servers named in inventory that do not answer.
 
+A fault: the Mooncake master killed once the first features are in (as a crashed or OOM-killed master
+would be). The run fails within minutes rather than hanging, the failure names the lost master (SpecForge's
+own error only says a feature is "not available"), and the rest of the stack is stopped.
+
 On GPUs, in check mode (nothing connects to the example's host): the CT200 example inventory with a
 Qwen3-8B target plans SpecForge's one-server + DP7 layout: the SGLang capture server on GPU 0 with
 SpecForge's capture flags, seven trainer ranks on GPUs 1-7.
@@ -32,6 +36,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -61,6 +66,8 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = json.loads((model / "config.json").read_text())
     (base / "model_facts.json").write_text(json.dumps(_facts(model, config, 3845, 0)))
     _tokenized(model, base / "tokenized", 8)
+    # Three capture batches of eight: room for a fault after the first.
+    _tokenized(model, base / "tokenized-24", 24)
     mooncake_venv(base)
     return base
 
@@ -219,6 +226,50 @@ def test_online_training_runs_end_to_end_on_the_cpu(demo_data: Path, tmp_path: P
     assert "TASK [drafter_training : Show the launch command (check mode)]" in output
     assert "Re-running the play starts the next online attempt from the first prompt" in flat
     assert not (run_dir / "online" / "attempt-2").exists() and not _stack_processes(work)
+
+
+def _kill_master_after_first_capture(work: Path, rpc_port: str, killed: list[float]) -> None:
+    capture_log = work / "drafter" / "capture" / "capture.log"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if capture_log.exists() and "captured 8/8" in capture_log.read_text():
+            for proc in psutil.process_iter(["cmdline"]):
+                line = " ".join(proc.info["cmdline"] or [])
+                if "mooncake_master" in line and f"--rpc_port={rpc_port}" in line:
+                    proc.kill()
+                    killed.append(time.monotonic())
+            return
+        time.sleep(0.2)
+
+
+@pytest.mark.e2e
+def test_a_mooncake_master_lost_mid_run_fails_the_run_and_names_it(demo_data: Path, tmp_path: Path) -> None:
+    args = _args(demo_data, tmp_path, "-e", f"drafter_training_data_dir={demo_data / 'tokenized-24'}")
+    rpc_port = next(a for a in args if a.startswith("drafter_training_online_mooncake_rpc_port=")).split("=")[
+        1
+    ]
+    killed: list[float] = []
+    killer = threading.Thread(
+        target=_kill_master_after_first_capture, args=(tmp_path / "work", rpc_port, killed)
+    )
+    killer.start()
+    code, output, _ = _play(*args)
+    ended = time.monotonic()
+    killer.join()
+    assert killed, output[-8000:]  # the fault happened (else this test proves nothing)
+    assert code != 0, output[-8000:]
+    flat = re.sub(r"\s+", " ", output)
+    assert (
+        f"Cause: after the run, the Mooncake master at 127.0.0.1:{rpc_port} does not accept connections"
+        in flat
+    ), output[-8000:]
+    # The capture server saw it too (its /health turns 503 without the master); and nothing hung: SpecForge's
+    # first failed read ended the run well inside the play's timeout.
+    assert "mooncake unreachable" in flat
+    assert ended - killed[0] < 300
+    (run_dir,) = (tmp_path / "work" / "drafter" / "runs").iterdir()
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
+    assert not _stack_processes(tmp_path / "work"), _stack_processes(tmp_path / "work")
 
 
 @pytest.mark.e2e

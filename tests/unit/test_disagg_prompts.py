@@ -85,3 +85,27 @@ def test_a_damaged_prompt_file_is_made_again_not_reused(tmp_path: Path) -> None:
         assert again["changed"] is True and "made again" in again["remade"]
         assert out.read_bytes() == whole
     assert disagg.write_prompts(str(data), str(out), max_length=8, max_samples=None)["changed"] is False
+
+
+def test_health_after_a_run_names_the_part_that_is_down_and_only_that(tmp_path: Path) -> None:
+    """A listening socket stands for a live Mooncake master's RPC port; a closed port for a capture server and
+    a metadata server that are gone."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        gone = closed.getsockname()[1]
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        master.listen()
+        alive = master.getsockname()[1]
+        down = disagg.stack_health(
+            [f"http://127.0.0.1:{gone}"], f"127.0.0.1:{gone}", f"http://127.0.0.1:{gone}/metadata"
+        )
+        assert not down["ok"] and down["msg"].startswith("after the run, the Mooncake master at 127.0.0.1:")
+        assert f"http://127.0.0.1:{gone} does not answer" in down["msg"]
+        # The master accepts, its metadata server is gone: only that is named.
+        half = disagg.stack_health([], f"127.0.0.1:{alive}", f"http://127.0.0.1:{gone}/metadata")
+        assert not half["ok"] and "metadata server" in half["msg"] and "master at" not in half["msg"]
+    assert disagg.stack_health([], None, None) == {"ok": True, "checks": []}
+    assert disagg.main(["health", "--mooncake-master", f"127.0.0.1:{gone}", "--mooncake-metadata", "x"]) == 1

@@ -4,6 +4,8 @@
         [--max-samples N]
     python -m regen.training.disagg preflight --url URL [--url URL ...] [--mooncake-master HOST:PORT]
         [--mooncake-metadata URL] [--timeout SECONDS]
+    python -m regen.training.disagg health --url URL [--url URL ...] [--mooncake-master HOST:PORT]
+        [--mooncake-metadata URL]
 
 `prompts` writes what SpecForge 0.2.0's online producer reads as `data.prompts_path` (pre-tokenized JSONL,
 one `{"input_ids", "loss_mask"}` per line: `specforge.data.prompt_builder` takes a file whose first record
@@ -18,7 +20,11 @@ server answers `GET /health` (SpecForge's producer never asks: a server that is 
 retries), and the Mooncake master accepts on its RPC port and its metadata server answers. It waits up to
 `--timeout` seconds for each and fails with what is wrong and how to fix it.
 
-Every command prints one JSON object; exit 0 done, 1 a preflight check failed, 2 bad input.
+`health`, after an online run that did not succeed, probes the same parts once each and says which is down:
+the cause the train stage's failure message names (SpecForge's own error for a lost Mooncake master names
+none).
+
+Every command prints one JSON object; exit 0 done, 1 a preflight (or health) check failed, 2 bad input.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ def write_prompts(data: str, output: str, max_length: int, max_samples: int | No
         raise CaptureError(
             f"no sample under {data} has two consecutive supervised tokens within {max_length} tokens"
         )
+
     def lines():
         for ids, mask in rows:
             yield (json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n").encode()
@@ -163,6 +170,28 @@ def preflight(urls: list[str], master: str | None, metadata: str | None, timeout
     return result
 
 
+def stack_health(urls: list[str], master: str | None, metadata: str | None) -> dict[str, Any]:
+    """After an online run that did not succeed: which part of the stack is down now (one probe each, no
+    waiting). SpecForge's consumer reports a Mooncake master lost mid-run as a feature that is "not
+    available (freed, stale, or never written)", which names no cause; this does."""
+    checks = []
+    if master and metadata:
+        ok, detail = check_mooncake(master, metadata)
+        checks.append({"what": "mooncake", "ok": ok, "detail": detail})
+    for url in urls:
+        ok, detail = check_capture_server(url)
+        checks.append({"what": "capture server", "url": url, "ok": ok, "detail": detail})
+    failed = [c for c in checks if not c["ok"]]
+    result: dict[str, Any] = {"ok": not failed, "checks": checks}
+    if failed:
+        result["msg"] = (
+            "after the run, " + "; ".join(c["detail"] for c in failed) + ". The trainers read every "
+            "feature from Mooncake and the producer sends every prompt to the capture servers, so a part "
+            "that stopped during the run failed it; that part's log says why it stopped"
+        )
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m regen.training.disagg", description=__doc__.split("\n")[0]
@@ -178,10 +207,16 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--mooncake-master", default=None, help="HOST:PORT of the master's RPC")
     check.add_argument("--mooncake-metadata", default=None, help="the HTTP metadata server URL")
     check.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each")
+    health = sub.add_parser("health", help="after a failed online run: which part of the stack is down")
+    health.add_argument("--url", action="append", default=[], help="a capture server URL")
+    health.add_argument("--mooncake-master", default=None, help="HOST:PORT of the master's RPC")
+    health.add_argument("--mooncake-metadata", default=None, help="the HTTP metadata server URL")
     args = parser.parse_args(argv)
     try:
         if args.command == "prompts":
             result = write_prompts(args.data, args.output, args.max_length, args.max_samples)
+        elif args.command == "health":
+            result = stack_health(args.url, args.mooncake_master, args.mooncake_metadata)
         else:
             result = preflight(args.url, args.mooncake_master, args.mooncake_metadata, args.timeout)
     except CaptureError as exc:
