@@ -206,6 +206,11 @@ def main():
                 have = sum(present.get(n, 0) for n in expected if present.get(n) == expected[n]["size"])
                 need = sum(int(w["size"]) for w in expected.values()) - have + p["margin_bytes"]
                 why = f"the hub's listing of {len(expected)} files, {have} bytes present"
+        if need is None and module.check_mode:
+            # Nothing was fetched in check mode, so the index that says how much is still to come is not here.
+            module.exit_json(
+                **dict(result, reason=f"check mode: the disk is checked once the index is here ({why})")
+            )
         if need is None:
             module.fail_json(msg=f"cannot tell how much disk the model needs: {why}", **result)
         _space(module, dest, need, why, result)
@@ -213,6 +218,10 @@ def main():
 
     if state == "verify_hub":
         expected = hub_expected(dest, p["commit"])
+        if not expected and module.check_mode:
+            module.exit_json(
+                **dict(result, changed=True, reason="check mode: would verify the files once fetched")
+            )
         if not expected:
             module.fail_json(
                 msg=f"no hub listing for commit {p['commit']} under {dest}/.cache/huggingface/trees: "
@@ -221,6 +230,10 @@ def main():
             )
         missing, corrupted = verify(dest, expected)
         result["corrupted"] = corrupted
+        if missing and not corrupted and module.check_mode:
+            module.exit_json(
+                **dict(result, changed=True, reason=f"check mode: {len(missing)} files not fetched yet")
+            )
         if corrupted and not module.check_mode:
             for entry in corrupted:
                 drop_hub_file(dest, entry["file"])
@@ -246,10 +259,18 @@ def main():
 
     if state == "verify_manifest":
         manifest = (read_json(os.path.join(dest, SOURCE_MANIFEST)) or {}).get("files")
+        if not manifest and module.check_mode:
+            module.exit_json(
+                **dict(result, changed=True, reason="check mode: would verify the files once pushed")
+            )
         if not manifest:
             module.fail_json(msg=f"{dest}/{SOURCE_MANIFEST} did not come with the files", **result)
         missing, corrupted = verify(dest, manifest)
         result["corrupted"] = corrupted
+        if missing and not corrupted and module.check_mode:
+            module.exit_json(
+                **dict(result, changed=True, reason=f"check mode: {len(missing)} files not pushed yet")
+            )
         if corrupted and not module.check_mode:
             # rsync skips a file whose size and time match, so a rotten one would be refused on every run.
             for entry in corrupted:

@@ -63,6 +63,16 @@ def _hub_vars(tmp_path: Path, hub: HubServer) -> dict:
     }
 
 
+def _partly_written(paths) -> bool:
+    for path in paths:
+        try:
+            if path.stat().st_size > 0:
+                return True
+        except FileNotFoundError:  # finished (renamed) between the listing and the stat
+            continue
+    return False
+
+
 def _kill_during_first_shard(inventory: Path, dest: Path) -> None:
     """Start the play, wait until the small shard is finished and the large one partly written, kill the play
     and hf with it."""
@@ -77,10 +87,10 @@ def _kill_during_first_shard(inventory: Path, dest: Path) -> None:
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            partial = [
-                p for p in dest.glob(".cache/huggingface/download/*.incomplete") if p.stat().st_size > 0
-            ]
-            if partial:
+            # hf fetches the shards in parallel: the small one must be finished (under its own name), not
+            # merely started, when the large one is cut.
+            finished = (dest / "model-00002-of-00002.safetensors").exists()
+            if finished and _partly_written(dest.glob(".cache/huggingface/download/*.incomplete")):
                 break
             assert proc.poll() is None, "the play ended before any shard was partly written"
             time.sleep(0.05)
@@ -145,6 +155,17 @@ def test_hub_path_resumes_verifies_refuses_and_is_idempotent(tmp_path):
         fixed = run_playbook("playbooks/weights.yml", inventory=inventory)
         assert fixed.returncode == 0, fixed.output[-3000:]
         assert shard.read_bytes() == (repo / shard.name).read_bytes()
+
+
+def test_check_mode_on_a_fresh_host_fetches_nothing_and_says_what_it_would_do(tmp_path):
+    repo = _write_repo(tmp_path / "published")
+    dest = tmp_path / "models" / "tiny"
+    with HubServer(repo, REPO, COMMIT) as hub:
+        inventory = _inventory(tmp_path, **_hub_vars(tmp_path, hub))
+        checked = run_playbook("playbooks/weights.yml", "--check", inventory=inventory)
+        assert checked.returncode == 0, checked.output[-3000:]
+        assert "check mode: would fetch and verify" in " ".join(checked.output.split())
+        assert not hub.requests and not dest.exists()
 
 
 def test_disk_is_checked_before_any_shard_is_fetched(tmp_path):
