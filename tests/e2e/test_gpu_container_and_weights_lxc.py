@@ -182,6 +182,13 @@ def test_gpu_container_role_on_a_running_container(lab):
     assert _attach(GPU, "test", "-e", f"/dev/{STANDIN}").returncode != 0  # not passed by LXC's defaults
     inventory = _node_inventory(lab["home"])
     before = _init_pid(GPU)
+    config = LXC_PATH / GPU / "config"
+    original = config.read_text()
+
+    # Check mode shows the lines it would add and changes nothing: the config, the running container.
+    checked = run_playbook("playbooks/container.yml", "--check", "--diff", inventory=inventory)
+    assert checked.returncode == 0, checked.output[-3000:]
+    assert f"dev/{STANDIN}" in checked.output and config.read_text() == original and _init_pid(GPU) == before
 
     first = run_playbook("playbooks/container.yml", inventory=inventory)
     assert first.returncode == 0, first.output[-3000:]
