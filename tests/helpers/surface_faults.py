@@ -268,7 +268,6 @@ def _bind_capture_server_wildcard(work: Path, rng: random.Random, _ctx: dict[str
 
 def _evaluate_credentialed_endpoint(work: Path, rng: random.Random, ctx: dict[str, Any]) -> Case | str:
     import regen.data as regen_data
-
     model = ctx.get("model_dir")
     if not model:
         return "needs model_dir (a target whose tokenizer renders the prompts)"

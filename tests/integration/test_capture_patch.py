@@ -60,7 +60,9 @@ def _specforge_repo(tmp_path: Path, patches: dict[str, str]) -> tuple[Path, str]
 
 def _play(tmp_path: Path, **variables) -> object:
     playbook = tmp_path / "capture.yml"
-    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles:\n    - role: capture_patch\n")
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  roles:\n    - role: capture_patch\n"
+    )
     inventory = localhost_inventory(tmp_path / "hosts.yml", variables={"regen_work_dir": str(tmp_path / "w")})
     return run_playbook(str(playbook), inventory=inventory, extra_vars=variables, timeout=300)
 

@@ -127,20 +127,8 @@ def test_regens_launcher_asks_for_the_api_key(demo_model_dir: Path, tmp_path: Pa
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
-    command = [
-        sys.executable,
-        "-m",
-        "regen.serving.transformers_serve",
-        "serve",
-        str(demo_model_dir),
-        "--trust-remote-code",
-        "--device",
-        "cpu",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    command = [sys.executable, "-m", "regen.serving.transformers_serve", "serve", str(demo_model_dir),
+               "--trust-remote-code", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
     process = _start(command, log, REGEN_SERVING_API_KEY=key)
     try:
         _wait_healthy(url, process, log)  # /health, without a key

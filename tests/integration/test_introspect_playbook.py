@@ -143,13 +143,8 @@ def test_without_tokenizer_files_the_facts_and_the_config_plan_are_written(
     assert facts["tokenizer"]["available"] is False
     assert facts["architecture"]["num_layers"] and facts["plan"]["drafter"]["target_layer_ids"]["value"]
     assert facts["plan"]["serving"]["tp_size"]["value"] == 1
-    unknown = {
-        f"{s}.{k}"
-        for s, entries in facts["plan"].items()
-        if isinstance(entries, dict)
-        for k, e in entries.items()
-        if isinstance(e, dict) and e.get("unknown")
-    }
+    unknown = {f"{s}.{k}" for s, entries in facts["plan"].items() if isinstance(entries, dict)
+               for k, e in entries.items() if isinstance(e, dict) and e.get("unknown")}
     needed = {"drafter.mask_token_id", "generation.chat_template_kwargs", "generation.reasoning_parser"}
     assert needed <= unknown
     flowing = " ".join(output.split())

@@ -17,10 +17,7 @@ from pathlib import Path
 def _probe(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "regen.serving.p2p_probe", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+        capture_output=True, text=True, timeout=timeout, check=False,
     )
 
 
@@ -28,22 +25,8 @@ def test_a_hanging_p2p_mode_is_timed_out_and_turned_off(tmp_path: Path) -> None:
     output = tmp_path / "facts" / "nccl_p2p.json"
     started = time.monotonic()
     run = _probe(
-        "--backend",
-        "gloo",
-        "--gpus",
-        "2",
-        "--output",
-        str(output),
-        "--size-mib",
-        "1",
-        "--iters",
-        "3",
-        "--timeout",
-        "25",
-        "--fingerprint",
-        "fp-1",
-        "--fault-injection",
-        "hang-p2p",
+        "--backend", "gloo", "--gpus", "2", "--output", str(output), "--size-mib", "1", "--iters", "3",
+        "--timeout", "25", "--fingerprint", "fp-1", "--fault-injection", "hang-p2p",
     )
     assert run.returncode == 0, run.stderr
     doc = json.loads(output.read_text())

@@ -16,17 +16,12 @@ from tests.integration.test_serve_role import _free_port, _inventory, _play, tea
 
 
 def test_gate_fails_on_the_demo_model_when_enforced_and_not_applicable_as_the_local_inventory_says(
-    tmp_path: Path,
-    demo_model_dir: Path,
-    teardown_after,  # noqa: F811
+    tmp_path: Path, demo_model_dir: Path, teardown_after  # noqa: F811
 ) -> None:
     port = _free_port()
     enforced = _inventory(
-        tmp_path,
-        demo_model_dir,
-        port,
-        sglang_server_quality_not_applicable_reason="",
-        sglang_server_quality_max_tokens=16,
+        tmp_path, demo_model_dir, port,
+        sglang_server_quality_not_applicable_reason="", sglang_server_quality_max_tokens=16,
     )
     output, (_, _, _, failed) = _play(enforced, "serve.yml")
     assert failed == 1, output[-5000:]

@@ -164,11 +164,8 @@ def test_serve_answers_then_idempotent_then_teardown(
 
     # the record a stage run alone reads to reach this server (serving_endpoints_info), on its own port
     assert json.loads((records / "state.json").read_text()) == {
-        "state": "running",
-        "kind": "server",
-        "endpoint": f"http://127.0.0.1:{port}",
-        "api_base": f"http://127.0.0.1:{port}/v1",
-        "served_model_name": str(demo_model_dir),
+        "state": "running", "kind": "server", "endpoint": f"http://127.0.0.1:{port}",
+        "api_base": f"http://127.0.0.1:{port}/v1", "served_model_name": str(demo_model_dir),
     }
     output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
     # Two changes: the process stopped, and its recorded state (what the run summary shows).
@@ -376,10 +373,7 @@ def test_a_known_failure_in_the_server_log_is_named_with_its_fix(
     stub.write_text(f"#!/bin/sh\necho {json.dumps(line)} >&2\nexit 1\n")
     stub.chmod(0o755)
     inventory = _inventory(
-        tmp_path,
-        demo_model_dir,
-        _free_port(),
-        regen_serving_python=str(stub),
+        tmp_path, demo_model_dir, _free_port(), regen_serving_python=str(stub),
         sglang_server_ready_budget_s=120,
     )
     output, (_, _, _, failed) = _play(inventory, "serve.yml")

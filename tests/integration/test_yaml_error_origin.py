@@ -33,12 +33,7 @@ def test_regen_plan_offline_fails_naming_the_file(tmp_path: Path) -> None:
     inventory, group_vars, line = _broken_inventory(tmp_path)
     proc = subprocess.run(
         [str(BIN / "regen"), "plan", "--offline", "-i", str(inventory)],
-        cwd=ROOT,
-        env=ansible_env(COLUMNS="400"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        cwd=ROOT, env=ansible_env(COLUMNS="400"), capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert f"{group_vars}:{line}:" in proc.stdout + proc.stderr
@@ -47,11 +42,6 @@ def test_regen_plan_offline_fails_naming_the_file(tmp_path: Path) -> None:
 def test_a_valid_inventory_still_plans(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(BIN / "regen"), "plan", "--offline", "-i", str(ROOT / "inventory" / "local")],
-        cwd=ROOT,
-        env=ansible_env(COLUMNS="400"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        cwd=ROOT, env=ansible_env(COLUMNS="400"), capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

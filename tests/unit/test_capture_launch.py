@@ -141,11 +141,8 @@ def test_the_kimi_k26_nvfp4_capture_line_on_sm120_names_the_moe_kernels_0_5_14_n
 
     arch = read_model_dir(str(ROOT / "tests" / "fixtures" / "configs" / "kimi-k2.6-nvfp4"))
     gpu = dict(described(8, 97887 * 1024**2, "12.0"), interconnect="pcie")
-    facts = {
-        "architecture": arch,
-        "environment": {"gpu": gpu},
-        "plan": make_plan(arch, {"think_tokens": ["<think>"]}, gpu),
-    }
+    facts = {"architecture": arch, "environment": {"gpu": gpu},
+             "plan": make_plan(arch, {"think_tokens": ["<think>"]}, gpu)}
     spec = dict(CASES["kimi-k2.6-capture-ep8"], facts=facts, model_path="/root/models/Kimi-K2.6-NVFP4")
     plan = regen_serving.plan_server(spec)
     argv = plan["argv"]

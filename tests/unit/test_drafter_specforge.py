@@ -307,9 +307,8 @@ def test_online_launch_keeps_specforges_plan_and_puts_the_consumer_under_the_ren
 def test_online_launch_refuses_an_offline_config(specforge: dict) -> None:
     launch = specforge["online_launch"]["run:cpu"]
     assert launch["code"] == 2 and launch["stdout"] == ""
-    assert (
-        "regen.training.online_launch: --role producer/consumer/both requires disaggregated mode"
-        in (launch["stderr"])
+    assert "regen.training.online_launch: --role producer/consumer/both requires disaggregated mode" in (
+        launch["stderr"]
     )
 
 

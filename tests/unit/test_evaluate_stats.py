@@ -102,7 +102,9 @@ def test_turn_kinds_training_steps_and_the_batch_setting_are_reported(tmp_path: 
         {"drafter": "trained@10", "step": 10, "prompt_id": p, "turn_kind": "non-thinking", "accepted": [0, 1]}
         for p in ("a", "b")
     ]
-    doc = report.build_report(rows, block_size=4, settings={}, inputs={}, step_rows=steps, exported_step=20)
+    doc = report.build_report(
+        rows, block_size=4, settings={}, inputs={}, step_rows=steps, exported_step=20
+    )
     assert doc["turn_kinds"] == ["non-thinking", "thinking"]
     kinds = doc["drafters"]["trained"]["turn_kinds"]
     assert kinds["non-thinking"]["acceptance_length"] == 2.5 and kinds["thinking"]["acceptance_length"] == 1.5

@@ -19,21 +19,8 @@ GIB = 1024**3
 
 
 def test_regen_facts_on_the_real_kimi_k26_nvfp4_config(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "facts",
-        "--model-path",
-        str(K26),
-        "--gpus",
-        "8",
-        "--gpu-memory-gib",
-        "96",
-        "--compute-capability",
-        "12.0",
-        "--prompt-rows",
-        "100000",
-        "--project",
-        str(ROOT),
-    ]
+    argv = ["facts", "--model-path", str(K26), "--gpus", "8", "--gpu-memory-gib", "96",
+            "--compute-capability", "12.0", "--prompt-rows", "100000", "--project", str(ROOT)]
     assert main([*argv, "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     arch, plan = facts["architecture"], facts["plan_values"]
@@ -44,9 +31,8 @@ def test_regen_facts_on_the_real_kimi_k26_nvfp4_config(capsys: pytest.CaptureFix
     # The KV pool and the concurrency follow from them: 96 GiB x 0.84 - 554.3 GiB / 8 over 70,272 B/token.
     memory = serving["memory"]
     assert memory["weight_bytes"] == arch["weight_bytes"]
-    assert memory["tokens"] == int(
-        (96 * GIB * serving["mem_fraction_static"] - arch["weight_bytes"] / 8) // 70272
-    )
+    assert memory["tokens"] == int((96 * GIB * serving["mem_fraction_static"] - arch["weight_bytes"] / 8)
+                                   // 70272)
     assert plan["generation"]["concurrency"] == memory["tokens"] // plan["length"]["budget"]
     # The MoE table's flags for NVFP4 on sm_120, and the (backend, KV dtype) pair with its reason.
     assert (serving["quantization"], serving["moe_runner_backend"]) == ("modelopt_fp4", "flashinfer_cutlass")
@@ -63,47 +49,21 @@ def test_regen_facts_on_the_real_kimi_k26_nvfp4_config(capsys: pytest.CaptureFix
 
     assert main(argv) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines at spaces
-    for needle in (
-        "weights: 554.3 GiB (estimate",
-        "KV pool: ",
-        "--quantization modelopt_fp4 --moe-runner-backend flashinfer_cutlass",
-        "(attention backend, KV dtype): (flashinfer, bf16)",
-        "NCCL serving:",
-        "NCCL capture:",
-        "NCCL training:",
-        "run estimate:",
-        "409,600,000 output tokens",
-    ):
+    for needle in ("weights: 554.3 GiB (estimate", "KV pool: ",
+                   "--quantization modelopt_fp4 --moe-runner-backend flashinfer_cutlass",
+                   "(attention backend, KV dtype): (flashinfer, bf16)", "NCCL serving:", "NCCL capture:",
+                   "NCCL training:", "run estimate:", "409,600,000 output tokens"):
         assert needle in out, needle
 
 
 def test_regen_facts_with_an_aiconfigurator_csv_shows_days(capsys: pytest.CaptureFixture[str]) -> None:
     # aiconfigurator 0.12.0's ranking recorded on this project's machine for Kimi K2.5 (K2.6's architecture)
     # on rtx_pro_6000_server: 369.496 output tokens/s for the plan's TP8/EP8 (rank 9).
-    csv = (
-        ROOT
-        / "tests"
-        / "fixtures"
-        / "aiconfigurator"
-        / ("kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv")
-    )
-    argv = [
-        "facts",
-        "--model-path",
-        str(K26),
-        "--gpus",
-        "8",
-        "--gpu-memory-gib",
-        "96",
-        "--compute-capability",
-        "12.0",
-        "--prompt-rows",
-        "100000",
-        "--simulation-csv",
-        str(csv),
-        "--project",
-        str(ROOT),
-    ]
+    csv = ROOT / "tests" / "fixtures" / "aiconfigurator" / (
+        "kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv")
+    argv = ["facts", "--model-path", str(K26), "--gpus", "8", "--gpu-memory-gib", "96",
+            "--compute-capability", "12.0", "--prompt-rows", "100000", "--simulation-csv", str(csv),
+            "--project", str(ROOT)]
     assert main([*argv, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert "rank 9" in plan["serving"]["simulator_estimate"]["reason"]

@@ -437,14 +437,8 @@ def test_a_server_answering_garbage_stops_the_job_and_keeps_what_it_wrote(tmp_pa
     plus = _garbage("sglang-24321-nvfp4-plus")  # "+" x 50, SGLang on sm_120 with NVFP4
     simple_prompts(tmp_path, 60)
     with StubServer(StubConfig(replies={"question": plus}, delay=0.01)) as srv:
-        s = settings(
-            tmp_path,
-            [srv.url],
-            concurrency=1,
-            degenerate_window=10,
-            degenerate_threshold=0.5,
-            degenerate_min_samples=5,
-        )
+        s = settings(tmp_path, [srv.url], concurrency=1, degenerate_window=10, degenerate_threshold=0.5,
+                     degenerate_min_samples=5)
         code, _ = run(s)
     assert code == 3  # EXIT_UNAVAILABLE: the server is unusable as it is
     status = json.loads((s.output_dir / "status.json").read_text())
@@ -458,15 +452,8 @@ def test_a_server_answering_garbage_stops_the_job_and_keeps_what_it_wrote(tmp_pa
     assert all(r["quality"] and "one_token_repeated" in r["quality"][0] for r in kept.values())
     # The rest stays pending: a re-run against a fixed server finishes the set without doubles.
     with StubServer(StubConfig()) as fixed:
-        code, _ = run(
-            settings(
-                tmp_path,
-                [fixed.url],
-                degenerate_window=10,
-                degenerate_threshold=0.5,
-                degenerate_min_samples=5,
-            )
-        )
+        code, _ = run(settings(tmp_path, [fixed.url], degenerate_window=10, degenerate_threshold=0.5,
+                               degenerate_min_samples=5))
     assert code == 0
     assert sorted(records(s.output_dir)) == sorted(f"p{i}" for i in range(60))
 
@@ -490,20 +477,8 @@ def test_degeneration_settings_that_cannot_work_are_refused():
     from regen.jobs.generate.cli import build_parser, settings_from_args
 
     parser = build_parser()
-    args = parser.parse_args(
-        [
-            "--input",
-            "x",
-            "--output-dir",
-            "o",
-            "--endpoint",
-            "http://127.0.0.1:1",
-            "--model",
-            "m",
-            "--degenerate-threshold",
-            "1.5",
-        ]
-    )
+    args = parser.parse_args(["--input", "x", "--output-dir", "o", "--endpoint", "http://127.0.0.1:1",
+                              "--model", "m", "--degenerate-threshold", "1.5"])
     with pytest.raises(JobError, match="--degenerate-threshold"):
         settings_from_args(args)
 

@@ -36,17 +36,14 @@ def test_schemes_of_the_real_configs():
     assert _scheme("qwen3-30b-a3b") == "none"
 
 
-@pytest.mark.parametrize(
-    ("row", "cc", "model", "quantization", "runner"),
-    [
-        ("sm120-nvfp4", "12.0", "kimi-k2.6-nvfp4", "modelopt_fp4", "flashinfer_cutlass"),
-        ("sm100-nvfp4", "10.0", "kimi-k2.6-nvfp4", "modelopt_fp4", "flashinfer_trtllm"),
-        ("sm90-nvfp4", "9.0", "kimi-k2.6-nvfp4", "modelopt_fp4", "marlin"),
-        ("sm100-wna16", "10.0", "kimi-k2.5", None, "flashinfer_trtllm"),
-        ("wna16", "12.0", "kimi-k2.5", None, "marlin"),
-        ("other", "12.0", "deepseek-v3", None, None),
-    ],
-)
+@pytest.mark.parametrize(("row", "cc", "model", "quantization", "runner"), [
+    ("sm120-nvfp4", "12.0", "kimi-k2.6-nvfp4", "modelopt_fp4", "flashinfer_cutlass"),
+    ("sm100-nvfp4", "10.0", "kimi-k2.6-nvfp4", "modelopt_fp4", "flashinfer_trtllm"),
+    ("sm90-nvfp4", "9.0", "kimi-k2.6-nvfp4", "modelopt_fp4", "marlin"),
+    ("sm100-wna16", "10.0", "kimi-k2.5", None, "flashinfer_trtllm"),
+    ("wna16", "12.0", "kimi-k2.5", None, "marlin"),
+    ("other", "12.0", "deepseek-v3", None, None),
+])
 def test_each_moe_row(row, cc, model, quantization, runner):
     chosen = tables.choose_moe(cc, read_model_dir(str(CONFIGS / model)))
     picked = (chosen["row"], chosen["quantization"], chosen["moe_runner_backend"])

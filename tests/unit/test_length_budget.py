@@ -53,9 +53,8 @@ def _prompts(by_turns: list[dict], tokens: dict | None = None, rows: int = 1000)
             "chars": {"p50": 400, "p90": 2000, "p99": 6000, "max": 9000},
             "utf8_bytes": {"p50": 420, "p90": 2100, "p99": 6300, "max": 9500},
             "tokens": tokens,
-            "tokens_reason": (
-                "counted with the model's chat template" if tokens else "no --tokenizer was given"
-            ),
+            "tokens_reason": ("counted with the model's chat template" if tokens
+                              else "no --tokenizer was given"),
             "tokenizer": None,
             "by_turns": by_turns,
         },
@@ -83,9 +82,8 @@ def test_the_budget_is_the_longest_prompt_plus_max_tokens() -> None:
     # 1,830 prompt tokens + 1 turn x (4,096 max_tokens + 8 template tokens) = 5,934
     assert (result["prompt_tokens"], result["max_tokens"], result["budget"]) == (1830, 4096, 5934)
     assert result["method"] == "tokens"
-    assert (
-        "1,830 prompt tokens + 1 turn x (4,096 max_tokens + 8 template tokens) = 5,934"
-        in (result["reasons"]["budget"])
+    assert "1,830 prompt tokens + 1 turn x (4,096 max_tokens + 8 template tokens) = 5,934" in (
+        result["reasons"]["budget"]
     )
     assert "p99 1,200" in result["reasons"]["budget"] and result["warnings"] == []
 
@@ -95,9 +93,8 @@ def test_a_multi_turn_conversation_needs_every_turn() -> None:
     # one turn: 1,830 + 1 x (2,048 + 8) = 3,886; three turns (each later turn reads the earlier answers):
     # 700 + 3 x (2,048 + 8) = 6,868, the larger
     assert result["budget"] == 6868
-    assert (
-        "700 prompt tokens + 3 turns x (2,048 max_tokens + 8 template tokens) = 6,868"
-        in (result["reasons"]["budget"])
+    assert "700 prompt tokens + 3 turns x (2,048 max_tokens + 8 template tokens) = 6,868" in (
+        result["reasons"]["budget"]
     )
     assert "100 conversation(s) regenerate up to 3 assistant turns" in result["reasons"]["budget"]
 
@@ -125,9 +122,8 @@ def test_the_budget_never_exceeds_the_model_context() -> None:
 
 
 def test_without_a_tokenizer_the_bytes_bound_the_tokens() -> None:
-    result = length_budget(
-        _prompts([{"turns": 1, "rows": 1000, "max_chars": 9000, "max_utf8_bytes": 9500, "max_tokens": None}])
-    )
+    result = length_budget(_prompts([{"turns": 1, "rows": 1000, "max_chars": 9000, "max_utf8_bytes": 9500,
+                                      "max_tokens": None}]))
     # every token covers at least one byte: 9,500 bytes + 64 template tokens = 9,564; + 4,096 + 8 = 13,668
     assert (result["method"], result["prompt_tokens"], result["budget"]) == ("utf8_bytes", 9564, 13668)
     assert "no --tokenizer was given" in result["reasons"]["budget"]
@@ -183,11 +179,8 @@ def test_an_fp8_kv_cache_declaration_halves_the_kv_bytes() -> None:
     assert llama["kv_cache_bytes_per_token"] == 80 * 2 * 8 * 128 * 1 == 163840
     kimi = read_model_dir(str(CONFIGS / "kimi-k2.5"))
     # kv_cache_scheme: null -> the model's bf16: 61 layers x (512 latent + 64 rope) x 2 B = 70,272
-    assert kimi["kv_cache_dtype"] == {
-        "dtype": "bfloat16",
-        "bytes": 2,
-        "source": "no KV-cache quantization declared: the model's dtype",
-    }
+    assert kimi["kv_cache_dtype"] == {"dtype": "bfloat16", "bytes": 2,
+                                      "source": "no KV-cache quantization declared: the model's dtype"}
     assert kimi["kv_cache_bytes_per_token"] == 61 * (512 + 64) * 2 == 70272
 
 
@@ -263,18 +256,13 @@ def test_the_margin_on_b200() -> None:
     # 512 + 24,576 + 1,024 + 1,024 + 1,536 = 28,672 MiB; 1 - 28,672 / 183,359 = 0.8436 -> 0.84
     assert margin == 28672 * MIB
     assert regen_budget.mem_fraction_static(183359 * MIB, margin)[0] == 0.84
-    assert (
-        make_plan(read_model_dir(str(CONFIGS / "deepseek-v3")), None, b200())["serving"][
-            "mem_fraction_static"
-        ]["value"]
-        == 0.84
-    )
+    assert make_plan(read_model_dir(str(CONFIGS / "deepseek-v3")), None, b200())["serving"][
+        "mem_fraction_static"]["value"] == 0.84
 
 
 def test_the_kv_pool_and_concurrency_of_an_nvfp4_model_with_an_fp8_cache() -> None:
-    plan = make_plan(
-        read_model_dir(str(CONFIGS / "llama-70b-nvfp4")), None, rtx_pro_6000(), prompts=SINGLE_TURN
-    )
+    plan = make_plan(read_model_dir(str(CONFIGS / "llama-70b-nvfp4")), None, rtx_pro_6000(),
+                     prompts=SINGLE_TURN)
     serving = plan["serving"]
     assert (serving["tp_size"]["value"], serving["dp_size"]["value"]) == (1, 8)
     memory = serving["memory"]["value"]

@@ -24,14 +24,8 @@ def _run(tmp_path: Path, *calls: dict) -> list[dict]:
     for i, args in enumerate(calls):
         tasks += [
             {"name": f"call {i}", "model_facts_info": args, "register": f"r{i}", "ignore_errors": True},
-            {
-                "name": f"keep {i}",
-                "ansible.builtin.copy": {
-                    "content": f"{{{{ r{i} | to_json }}}}",
-                    "dest": f"{results}/{i}.json",
-                    "mode": "0644",
-                },
-            },
+            {"name": f"keep {i}", "ansible.builtin.copy": {"content": f"{{{{ r{i} | to_json }}}}",
+                                                          "dest": f"{results}/{i}.json", "mode": "0644"}},
         ]
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
@@ -54,13 +48,8 @@ def test_memory_wins_then_the_file_then_nothing(tmp_path: Path) -> None:
     )
     assert first["source"] == "memory" and first["facts"] == memory
     assert first["plan_values"] == {
-        "serving": {},
-        "generation": {},
-        "drafter": {"block_size": 16},
-        "length": {},
-        "nccl": {},
-        "estimate": {},
-    }
+        "serving": {}, "generation": {}, "drafter": {"block_size": 16}, "length": {}, "nccl": {},
+        "estimate": {}}
 
     assert second["source"] == str(path) and second["facts"]["architecture"] == {"num_layers": 61}
     # {value, reason} entries unwrapped, a bare value (an inventory override) kept as it is
@@ -69,14 +58,8 @@ def test_memory_wins_then_the_file_then_nothing(tmp_path: Path) -> None:
     assert second["plan_values"]["drafter"] == {} and second["changed"] is False
 
     assert none["source"] == "none" and none["facts"] == {}
-    assert none["plan_values"] == {
-        "serving": {},
-        "generation": {},
-        "drafter": {},
-        "length": {},
-        "nccl": {},
-        "estimate": {},
-    }
+    assert none["plan_values"] == {"serving": {}, "generation": {}, "drafter": {}, "length": {}, "nccl": {},
+                                   "estimate": {}}
 
 
 def test_a_broken_facts_file_fails_with_the_fix(tmp_path: Path) -> None:

@@ -120,14 +120,8 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         return {"want_kernel_args": ["iommu=pt"]}
     if name == "lxc_gpu_config_info":
         # Limits any node grants (a sandboxed test host may not raise its hard limits to memlock unlimited).
-        return {
-            "style": "lxc",
-            "gpu_count": 1,
-            "nofile": 1024,
-            "memlock": "65536",
-            "shm_size_gib": 1,
-            "node_names": ["null"],
-        }
+        return {"style": "lxc", "gpu_count": 1, "nofile": 1024, "memlock": "65536", "shm_size_gib": 1,
+                "node_names": ["null"]}
     if name == "model_weights":
         return {"state": "check", "dest": str(model), "source": "mirror:/nowhere"}
     if name == "preflight_info":
@@ -209,16 +203,11 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
     if name == "serving_endpoints_info":
         record = tmp_path / "serving" / "ct200-main"
         record.mkdir(parents=True)
-        (record / "state.json").write_text(
-            json.dumps({"state": "running", "endpoint": "http://127.0.0.1:30001"})
-        )
+        (record / "state.json").write_text(json.dumps({"state": "running", "endpoint": "http://127.0.0.1:30001"}))
         return {"path": str(tmp_path / "serving")}
     if name == "stage_settings_info":
-        overrides = {
-            "completions_max_tokens": None,
-            "completions_concurrency": None,
-            "completions_chat_template_kwargs": None,
-        }
+        overrides = {"completions_max_tokens": None, "completions_concurrency": None,
+                     "completions_chat_template_kwargs": None}
         return {"stage": "generate", "plan": KIMI_FACTS["plan"], "overrides": overrides}
     if name == "data_dirs_claim":
         inventory = str(ROOT / "inventory" / "local")
@@ -227,13 +216,8 @@ def _args(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request
         return {"names": ["regen_profile", "ansible_host"], "roles_path": [str(ROOT / "roles")], "host": "h"}
     if name == "cluster_firewall_info":
         service = {"name": "capture server", "ports": [30200], "servers": ["a"], "clients": ["b"]}
-        return {
-            "services": [service],
-            "groups": {"all": ["a", "b"]},
-            "host": "a",
-            "table": "regen_cluster",
-            "inventory_addresses": {"a": "192.0.2.1", "b": "192.0.2.2"},
-        }
+        return {"services": [service], "groups": {"all": ["a", "b"]}, "host": "a", "table": "regen_cluster",
+                "inventory_addresses": {"a": "192.0.2.1", "b": "192.0.2.2"}}
     raise AssertionError(f"no test inputs for library/{name}.py: add them here")
 
 

@@ -19,12 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KIMI = json.loads((ROOT / "tests" / "fixtures" / "configs" / "kimi-k2.6-nvfp4" / "config.json").read_text())
 GPU_BYTES = 97887 * 1024 * 1024
 # What regen.serving.p2p_probe recorded and gpu_info turned into facts: P2P measured off (a hang/slow path).
-MEASURED_OFF = {
-    "measured": True,
-    "p2p": False,
-    "env": {"NCCL_P2P_DISABLE": "1"},
-    "reason": "P2P on: all-reduce timed out after 60 s; P2P off: 21.3 GB/s busbw",
-}
+MEASURED_OFF = {"measured": True, "p2p": False, "env": {"NCCL_P2P_DISABLE": "1"},
+                "reason": "P2P on: all-reduce timed out after 60 s; P2P off: 21.3 GB/s busbw"}
 
 
 def _gpu(**extra):
@@ -57,39 +53,18 @@ def test_the_trainer_and_the_capture_server_get_the_measured_decision(tmp_path: 
         "plan_values": {"serving": {"tp_size": 8, "ep_size": 8, "pp_size": 1}},
     }
     args = {
-        "facts": facts,
-        "model_path": "/root/models/Kimi-K2.6",
-        "require_model": False,
+        "facts": facts, "model_path": "/root/models/Kimi-K2.6", "require_model": False,
         "embedding_key": "language_model.model.embed_tokens.weight",
         "lm_head_key": "language_model.lm_head.weight",
-        "hidden_states_dir": str(tmp_path / "hidden_states"),
-        "samples": 100_000,
-        "tokens": 400_000_000,
-        "hosts": ["train1"],
-        "host": "train1",
-        "gpus_per_host": 8,
-        "capture_hosts": ["capture1"],
-        "training_topology": "online",
-        "work_dir": str(tmp_path / "drafter"),
-        "max_length": 6152,
+        "hidden_states_dir": str(tmp_path / "hidden_states"), "samples": 100_000, "tokens": 400_000_000,
+        "hosts": ["train1"], "host": "train1", "gpus_per_host": 8, "capture_hosts": ["capture1"],
+        "training_topology": "online", "work_dir": str(tmp_path / "drafter"), "max_length": 6152,
         "chat_template": "kimi-k2-thinking",
-        "recipe": {
-            "learning_rate": 6e-4,
-            "attention_backend": "flex_attention",
-            "fsdp_sharding": "SHARD_GRAD_OP",
-            "save_interval": 1000,
-            "log_interval": 50,
-        },
-        "online": {
-            "manage": True,
-            "bind_address": "10.1.2.201",
-            "addresses": {"capture1": "10.1.2.202"},
-            "rpc_port": 50051,
-            "metadata_port": 8080,
-            "capture_port": 30200,
-            "segment_bytes": 32 << 30,
-            "transfer_ports": [15000, 17000],
-        },
+        "recipe": {"learning_rate": 6e-4, "attention_backend": "flex_attention",
+                   "fsdp_sharding": "SHARD_GRAD_OP", "save_interval": 1000, "log_interval": 50},
+        "online": {"manage": True, "bind_address": "10.1.2.201", "addresses": {"capture1": "10.1.2.202"},
+                   "rpc_port": 50051, "metadata_port": 8080, "capture_port": 30200,
+                   "segment_bytes": 32 << 30, "transfer_ports": [15000, 17000]},
     }
     plan = run_module("drafter_plan_info", args, capsys)
     assert not plan.get("failed"), plan

@@ -275,6 +275,8 @@ def test_plan_module_without_architecture_only_checks_overrides(capsys: pytest.C
     assert result["plan"] is None and result["plan_values"] is None and not result.get("failed")
 
 
+
+
 # --- attention backend: named by the plan from the backend table (module_utils/regen_attention_backends.py)
 
 

@@ -115,20 +115,11 @@ def test_shm_and_memlock_on_gpu_hosts():
 
 def _estimate(disk=None, generation_s=None, capture_s=None):
     """The shape of plan.estimate.run (regen_estimate.run_estimate's entry)."""
-    return {
-        "plan": {
-            "estimate": {
-                "run": {
-                    "value": {
-                        "disk": disk or {},
-                        "generation": {"seconds": generation_s, "arithmetic": "generation arithmetic"},
-                        "capture": {"seconds": capture_s, "arithmetic": "capture arithmetic"},
-                    },
-                    "reason": "test",
-                }
-            }
-        }
-    }
+    return {"plan": {"estimate": {"run": {"value": {
+        "disk": disk or {},
+        "generation": {"seconds": generation_s, "arithmetic": "generation arithmetic"},
+        "capture": {"seconds": capture_s, "arithmetic": "capture arithmetic"},
+    }, "reason": "test"}}}}
 
 
 def test_disk_needs_add_up_per_filesystem_and_unknowns_are_named():

@@ -388,14 +388,11 @@ def test_generated_turns_and_the_prompt_side_the_server_sees():
 
 
 def test_lengths_without_a_tokenizer_count_characters_and_bytes(tmp_path):
-    src = write_jsonl(
-        tmp_path / "src.jsonl",
-        [
-            {"id": "a", "conversations": turns(("user", "hello"))},  # 5 chars
-            {"id": "b", "conversations": turns(("system", "ab"), ("user", "é"))},  # 3 chars, 4 bytes
-            {"id": "c", "conversations": turns(("user", "q"), ("assistant", "x"), ("user", "zz"))},  # 2 turns
-        ],
-    )
+    src = write_jsonl(tmp_path / "src.jsonl", [
+        {"id": "a", "conversations": turns(("user", "hello"))},                       # 5 chars
+        {"id": "b", "conversations": turns(("system", "ab"), ("user", "é"))},           # 3 chars, 4 bytes
+        {"id": "c", "conversations": turns(("user", "q"), ("assistant", "x"), ("user", "zz"))},  # 2 turns
+    ])
     out = tmp_path / "out"
     result = build([str(src)], out)
     lengths = json.loads((out / "manifest.json").read_text())["lengths"]
@@ -422,9 +419,8 @@ def test_lengths_with_the_demo_tokenizer_are_its_chat_template_counts(tmp_path, 
     _manifest, rows = read_set(out)
     counts = {}
     for row in rows:
-        ids = tok.apply_chat_template(
-            P.prompt_view(row["conversations"]), tokenize=True, add_generation_prompt=True
-        )
+        ids = tok.apply_chat_template(P.prompt_view(row["conversations"]), tokenize=True,
+                                      add_generation_prompt=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         key = P.generated_turns(row["conversations"])
         counts[key] = max(counts.get(key, 0), len(ids))

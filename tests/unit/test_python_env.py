@@ -32,8 +32,7 @@ def test_the_real_locks_parse_and_carry_their_target() -> None:
     # versions (the same job code runs in both), and no engine.
     serving = pe.parse_lock((ROOT / "envs" / "demo-serving.lock").read_text())["pins"]
     assert {name: jobs[name] for name in ("transformers", "tiktoken", "aiohttp")} == {
-        name: serving[name] for name in ("transformers", "tiktoken", "aiohttp")
-    }
+        name: serving[name] for name in ("transformers", "tiktoken", "aiohttp")}
     assert "torch" not in jobs
 
 

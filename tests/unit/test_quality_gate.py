@@ -205,9 +205,7 @@ def test_trtllm_mla_failure_names_the_table_fix():
 def test_output_suggestions_fit_the_setup():
     assert [s["id"] for s in suggest_for_output("12.0", 8, "int4")] == ["sm120-ep8-garbage"]
     assert [s["id"] for s in suggest_for_output("12.0", 1, "nvfp4")] == [
-        "sm120-nvfp4-garbage",
-        "sm120-nvfp4-cutlass-moe-invalid",
-    ]
+        "sm120-nvfp4-garbage", "sm120-nvfp4-cutlass-moe-invalid"]
     assert [s["id"] for s in suggest_for_output("12.0", 8, None)] == [
         "sm120-ep8-garbage",
         "sm120-nvfp4-garbage",
@@ -220,10 +218,8 @@ def test_output_suggestions_fit_the_setup():
 def test_the_trtllm_moe_crash_on_sm120_names_the_tables_fix():
     # The error FlashInfer's trtllm-gen batched GEMM runner raises when it has no kernel (quoted from
     # flashinfer-ai/flashinfer issue 3310; on sm_120 there are no trtllm-gen MoE cubins at all, PR 3670).
-    line = (
-        "RuntimeError: Error in function 'TrtllmGenBatchedGemmRunner' at "
-        "/workspace/csrc/trtllm_batched_gemm_runner.cu:143: No kernel found for the given options: ..."
-    )
+    line = ("RuntimeError: Error in function 'TrtllmGenBatchedGemmRunner' at "
+            "/workspace/csrc/trtllm_batched_gemm_runner.cu:143: No kernel found for the given options: ...")
     cause = match_log("loading...\n" + line + "\n")
     assert cause.kind == "trtllm_gen_moe_no_kernel"
     assert "--quantization modelopt_fp4 --moe-runner-backend flashinfer_cutlass" in cause.hint

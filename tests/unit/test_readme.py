@@ -33,12 +33,8 @@ def test_the_demo_prompt_counts_in_the_readme_are_the_builds(tmp_path: Path) -> 
     group_vars = yaml.safe_load((ROOT / "inventory" / "local" / "group_vars" / "all.yml").read_text())
     defaults = yaml.safe_load((ROOT / "roles" / "prompt_data" / "defaults" / "main.yml").read_text())
     result = build(
-        [parse_source("builtin:demo")],
-        tmp_path / "prompts",
-        sample=None,
-        seed=defaults["prompt_data_seed"],
-        shard_rows=100_000,
-        eval_fraction=group_vars["prompt_data_eval_fraction"],
+        [parse_source("builtin:demo")], tmp_path / "prompts", sample=None, seed=defaults["prompt_data_seed"],
+        shard_rows=100_000, eval_fraction=group_vars["prompt_data_eval_fraction"],
     )
     total = result["rows"] + result["eval_rows"] + result["rejected"] + result["duplicates"]
     readme = " ".join((ROOT / "README.md").read_text().split())

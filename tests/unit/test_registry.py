@@ -47,13 +47,8 @@ PLACES = {
 
 def _arch(model_type: str) -> dict:
     return regen_config.normalize_config(
-        {
-            "model_type": model_type,
-            "hidden_size": 64,
-            "num_hidden_layers": 8,
-            "vocab_size": 128,
-            "num_attention_heads": 4,
-        }
+        {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 8, "vocab_size": 128,
+         "num_attention_heads": 4}
     )
 
 
@@ -74,12 +69,8 @@ def test_every_consumer_answers_for_every_row(model_type: str) -> None:
     assert model_type in generation["tool_call_parser"]["reason"]
     # the launch line without a plan falls back to the same parsers
     launch = regen_serving.plan_server(
-        {
-            "model_path": "/models/m",
-            "python": "/venv/bin/python",
-            "facts": {"architecture": arch},
-            "gpu_count": 1,
-        }
+        {"model_path": "/models/m", "python": "/venv/bin/python", "facts": {"architecture": arch},
+         "gpu_count": 1}
     )
     assert launch["settings"]["reasoning_parser"]["value"] == row.reasoning_parser
     assert launch["settings"]["tool_call_parser"]["value"] == row.tool_call_parser
@@ -109,11 +100,8 @@ def test_every_thinking_switch_is_detected_and_planned(switch: str) -> None:
 
 
 def test_rows_name_only_switches_the_consumers_know() -> None:
-    unknown = {
-        t: row.thinking_switch
-        for t, row in FAMILIES.items()
-        if row.thinking_switch is not None and row.thinking_switch not in THINKING_SWITCHES
-    }
+    unknown = {t: row.thinking_switch for t, row in FAMILIES.items()
+               if row.thinking_switch is not None and row.thinking_switch not in THINKING_SWITCHES}
     assert unknown == {}
 
 
@@ -122,10 +110,8 @@ def test_wrapper_rows_nest_a_known_language_model(model_type: str) -> None:
     row = FAMILIES[model_type]
     assert row.text_config_key in TEXT_CONFIG_KEYS
     assert row.text_model_type in FAMILIES, "the nested language model needs a row of its own"
-    config = {
-        "model_type": model_type,
-        row.text_config_key: {"model_type": row.text_model_type, "hidden_size": 32},
-    }
+    config = {"model_type": model_type,
+              row.text_config_key: {"model_type": row.text_model_type, "hidden_size": 32}}
     arch = regen_config.normalize_config(config)
     assert (arch["text_config_key"], arch["text_model_type"]) == (row.text_config_key, row.text_model_type)
     assert arch["hidden_size"] == 32 and text_config(config) == config[row.text_config_key]
@@ -158,9 +144,7 @@ def test_published_kimi_drafter_matches_specforges_config_and_our_layer_choice()
     )
     kimi = recipes["kimi_k25"]
     assert (kimi.num_draft_layers, kimi.block_size, kimi.target_num_layers) == (
-        published["num_hidden_layers"],
-        published["block_size"],
-        published["num_target_layers"],
+        published["num_hidden_layers"], published["block_size"], published["num_target_layers"]
     )
     assert kimi.mask_token_id == published["dflash_config"]["mask_token_id"]
     assert list(kimi.target_layer_ids) == published["dflash_config"]["target_layer_ids"]

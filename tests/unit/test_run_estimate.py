@@ -16,13 +16,8 @@ from ansible.module_utils.regen_simulator import parse_best_configs, plan_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 K26 = ROOT / "tests" / "fixtures" / "configs" / "kimi-k2.6-nvfp4"
-AGG = (
-    ROOT
-    / "tests"
-    / "fixtures"
-    / "aiconfigurator"
-    / ("kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv")
-)
+AGG = ROOT / "tests" / "fixtures" / "aiconfigurator" / (
+    "kimi-k2.5_rtx_pro_6000_server_agg_isl1024_osl4096.best_config_topn.csv")
 CT200 = described(8, 97887 * 1024**2, "12.0")
 
 
@@ -43,14 +38,8 @@ def test_without_a_throughput_source_the_time_is_unknown_and_says_how_to_get_it(
 
 def test_with_the_simulators_estimate_ct200s_100k_prompts_take_days():
     arch, plan = _plan()
-    simulation = {
-        "covered": True,
-        "system": "rtx_pro_6000_server",
-        "isl": 1024,
-        "osl": 4096,
-        "candidates": parse_best_configs(AGG.read_text()),
-        "tool": "aiconfigurator 0.12.0",
-    }
+    simulation = {"covered": True, "system": "rtx_pro_6000_server", "isl": 1024, "osl": 4096,
+                  "candidates": parse_best_configs(AGG.read_text()), "tool": "aiconfigurator 0.12.0"}
     plan["serving"]["simulator_estimate"] = plan_entry(simulation, plan_values(plan)["serving"])
     # The simulator ranks the plan's TP8/EP8 ninth; the EP risk on sm_120 stands beside its ranking.
     assert "rank 9" in plan["serving"]["simulator_estimate"]["reason"]
@@ -59,10 +48,8 @@ def test_with_the_simulators_estimate_ct200s_100k_prompts_take_days():
     generation = plan["estimate"]["run"]["value"]["generation"]
     # 409,600,000 output tokens (every completion at max_tokens) / 369.496 tokens/s = 1,108,537 s = 12.8 days
     assert generation["seconds"] == 100_000 * 4096 / 369.496
-    assert (
-        "/ 369 tokens/s (aiconfigurator 0.12.0 estimate for the plan's layout) = 12 d 19 h"
-        in (generation["arithmetic"])
-    )
+    assert "/ 369 tokens/s (aiconfigurator 0.12.0 estimate for the plan's layout) = 12 d 19 h" in (
+        generation["arithmetic"])
     capture = plan["estimate"]["run"]["value"]["capture"]
     assert capture["tokens"] == 100_000 * 6152 and capture["seconds"] > 0
 

@@ -59,10 +59,7 @@ def sglang_parse():
         proc = subprocess.run(
             [str(python), str(FIXTURES / "sglang_parse_argv.py")],
             input=json.dumps([{"kind": k, "argv": a} for k, a in items]),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=300,
+            capture_output=True, text=True, check=False, timeout=300,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -142,14 +139,12 @@ def test_golden_lines_parse_and_mean_what_the_plan_says(sglang_parse, tmp_path):
 
 def test_the_parser_rejects_what_sglang_does_not_know(sglang_parse):
     # Without this the test above could pass against a parser that accepts anything.
-    results = sglang_parse(
-        [
-            ("server", ["--model-path", "/m", "--bogus-flag"]),
-            ("server", ["--model-path", "/m", "--reasoning-parser", "no_such_parser"]),
-            ("server", ["--model-path", "/m", "--moe-a2a-backend", "no_such_backend"]),
-            ("router", ["--worker-urls", "http://a:1", "--policy", "no_such_policy"]),
-        ]
-    )
+    results = sglang_parse([
+        ("server", ["--model-path", "/m", "--bogus-flag"]),
+        ("server", ["--model-path", "/m", "--reasoning-parser", "no_such_parser"]),
+        ("server", ["--model-path", "/m", "--moe-a2a-backend", "no_such_backend"]),
+        ("router", ["--worker-urls", "http://a:1", "--policy", "no_such_policy"]),
+    ])
     assert [r["ok"] for r in results] == [False, False, False, False]
 
 
@@ -161,16 +156,13 @@ def test_parser_choices_match_what_the_planner_assumes(sglang_parse):
     parsers = set(reasoning) | set(tools)
     items = [("server", ["--model-path", "/m", "--reasoning-parser", r]) for r in reasoning]
     items += [("server", ["--model-path", "/m", "--tool-call-parser", t]) for t in tools]
-    items += [
-        ("server", ["--model-path", "/m", "--moe-a2a-backend", b]) for b in regen_serving.MOE_A2A_BACKENDS
-    ]
-    items += [
-        ("router", ["--worker-urls", "http://a:1", "--policy", p]) for p in regen_serving.ROUTER_POLICIES
-    ]
+    items += [("server", ["--model-path", "/m", "--moe-a2a-backend", b])
+              for b in regen_serving.MOE_A2A_BACKENDS]
+    items += [("router", ["--worker-urls", "http://a:1", "--policy", p])
+              for p in regen_serving.ROUTER_POLICIES]
     results = sglang_parse(items)
-    bad = [
-        (kind, args[-1], r["error"]) for (kind, args), r in zip(items, results, strict=True) if not r["ok"]
-    ]
+    bad = [(kind, args[-1], r["error"])
+           for (kind, args), r in zip(items, results, strict=True) if not r["ok"]]
     assert not bad, bad
     assert parsers  # the table is not empty
 
@@ -186,11 +178,7 @@ def test_attention_backend_choices_are_the_pinned_releases():
         "print(json.dumps(list(c)))"
     )
     proc = subprocess.run(
-        [str(python), "-c", code],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
+        [str(python), "-c", code], capture_output=True, text=True, check=False, timeout=300,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -210,15 +198,13 @@ def test_target_plus_drafter_lines_pass_sglangs_own_dflash_checks(sglang_parse):
     target = _args_after_module(plan["argv"])
     with_drafter = target + sglang_dflash_args("/root/regen/drafter/export", 8, {"pp_size": 1})
     attn_dp = ["--model-path", "/m", "--tp-size", "8", "--attn-dp-size", "8"]
-    results = sglang_parse(
-        [
-            ("dflash", with_drafter),
-            ("dflash", attn_dp + sglang_dflash_args("/d", 8, {"attn_dp_size": 8})),
-            # What the flags avoid: SGLang itself refuses these.
-            ("dflash", attn_dp + sglang_dflash_args("/d", 8)),
-            ("dflash", ["--model-path", "/m", "--pp-size", "2", *sglang_dflash_args("/d", 8)]),
-        ]
-    )
+    results = sglang_parse([
+        ("dflash", with_drafter),
+        ("dflash", attn_dp + sglang_dflash_args("/d", 8, {"attn_dp_size": 8})),
+        # What the flags avoid: SGLang itself refuses these.
+        ("dflash", attn_dp + sglang_dflash_args("/d", 8)),
+        ("dflash", ["--model-path", "/m", "--pp-size", "2", *sglang_dflash_args("/d", 8)]),
+    ])
     assert results[0]["ok"], results[0]["error"]
     values = results[0]["values"]
     assert values["speculative_algorithm"] == "DFLASH" and values["speculative_num_draft_tokens"] == 8

@@ -12,10 +12,7 @@ from ansible.module_utils.regen_endpoints import recorded_endpoints
 from tests.helpers.modules import run_module
 
 SERVER = {
-    "state": "running",
-    "kind": "server",
-    "endpoint": "http://127.0.0.1:31000",
-    "served_model_name": "m",
+    "state": "running", "kind": "server", "endpoint": "http://127.0.0.1:31000", "served_model_name": "m",
 }
 
 

@@ -36,13 +36,8 @@ def render(case: str) -> dict:
 
 def test_the_required_cases_exist():
     # The "done means": Kimi K2.6 EP8, DeepSeek-V3 TP8, dense Qwen3 TP1, a two-node plan (+ router).
-    assert {
-        "kimi-k2.6-ep8",
-        "deepseek-v3-tp8",
-        "qwen3-8b-tp1",
-        "kimi-k2.6-two-node-rank1",
-        "router-two-workers",
-    } <= set(CASES)
+    assert {"kimi-k2.6-ep8", "deepseek-v3-tp8", "qwen3-8b-tp1", "kimi-k2.6-two-node-rank1",
+            "router-two-workers"} <= set(CASES)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -73,12 +68,8 @@ def test_kimi_ep8_takes_parallelism_and_parsers_from_the_facts():
     assert plan["readiness"] == {"method": "GET", "path": "/health_generate"}
     assert plan["gpus_per_node"] == 8
     # Derived from the GPU facts (8x sm_120 on PCIe only): the arch list and NCCL without peer-to-peer.
-    assert plan["env"] == {
-        "TORCH_CUDA_ARCH_LIST": "12.0",
-        "NCCL_P2P_DISABLE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-    }
+    assert plan["env"] == {"TORCH_CUDA_ARCH_LIST": "12.0", "NCCL_P2P_DISABLE": "1", "HF_HUB_OFFLINE": "1",
+                           "HF_HUB_DISABLE_TELEMETRY": "1"}
     assert plan["settings"]["nccl_env"]["source"] == "facts"
 
 
@@ -94,9 +85,7 @@ def test_api_key_travels_in_a_config_file_not_in_argv():
     assert router["argv"][1:3] == ["-c", regen_serving.ROUTER_LAUNCHER]
     assert "os.environ.pop('REGEN_SERVING_API_KEY'" in router["argv"][2]
     assert (_flag(router["argv"], "--prometheus-host"), _flag(router["argv"], "--prometheus-port")) == (
-        "127.0.0.1",
-        "29000",
-    )
+        "127.0.0.1", "29000")
 
 
 def test_two_node_ranks_differ_only_in_node_rank_and_rank0_serves_the_api():
@@ -128,24 +117,12 @@ def test_the_model_facts_plan_drives_the_launch_line():
     config = json.loads((ROOT / "tests" / "fixtures" / "configs" / "kimi-k2.5" / "config.json").read_text())
     architecture = regen_config.normalize_config(config)
     architecture["weight_bytes"] = 594 * 10**9  # the INT4 checkpoint's size (the fixture has no weights)
-    gpu = {
-        "count": 8,
-        "memory_per_gpu_bytes": 96 * 10**9,
-        "compute_capabilities": ["12.0"],
-        "interconnect": "pcie",
-    }
-    facts = {
-        "architecture": architecture,
-        "environment": {"gpu": gpu},
-        "plan": regen_plan.make_plan(architecture, {"think_tokens": ["<think>"]}, gpu),
-    }
-    spec = {
-        "backend": "sglang",
-        "model_path": "/root/models/Kimi-K2.6",
-        "python": "/root/venv_sglang/bin/python",
-        "facts": facts,
-        "gpu_count": 8,
-    }
+    gpu = {"count": 8, "memory_per_gpu_bytes": 96 * 10**9, "compute_capabilities": ["12.0"],
+           "interconnect": "pcie"}
+    facts = {"architecture": architecture, "environment": {"gpu": gpu},
+             "plan": regen_plan.make_plan(architecture, {"think_tokens": ["<think>"]}, gpu)}
+    spec = {"backend": "sglang", "model_path": "/root/models/Kimi-K2.6",
+            "python": "/root/venv_sglang/bin/python", "facts": facts, "gpu_count": 8}
     plan = regen_serving.plan_server(spec)
     argv = plan["argv"]
     assert (_flag(argv, "--tp-size"), _flag(argv, "--ep-size")) == ("8", "8")
@@ -167,15 +144,7 @@ def test_the_model_facts_plan_drives_the_launch_line():
     # MLA on sm_120: the backend table's FlashInfer, never TRT-LLM MLA (Unsupported architecture there).
     assert _flag(argv, "--attention-backend") == "flashinfer"
     assert "--dp-size" not in argv and "--device" not in argv
-    for key in (
-        "tp_size",
-        "ep_size",
-        "dp_size",
-        "device",
-        "mem_fraction_static",
-        "reasoning_parser",
-        "tool_call_parser",
-        "attention_backend",
-    ):
+    for key in ("tp_size", "ep_size", "dp_size", "device", "mem_fraction_static", "reasoning_parser",
+                "tool_call_parser", "attention_backend"):
         assert plan["settings"][key]["source"] == "plan", key
     assert plan["env"]["NCCL_P2P_DISABLE"] == "1"

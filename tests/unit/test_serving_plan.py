@@ -21,13 +21,8 @@ QWEN = json.loads((FIXTURES / "facts-qwen3-8b.json").read_text())
 
 
 def _spec(**kw):
-    base = {
-        "backend": "sglang",
-        "model_path": "/models/Kimi-K2.6",
-        "python": "/venv/bin/python",
-        "facts": KIMI,
-        "gpu_count": 8,
-    }
+    base = {"backend": "sglang", "model_path": "/models/Kimi-K2.6", "python": "/venv/bin/python",
+            "facts": KIMI, "gpu_count": 8}
     base.update(kw)
     return base
 
@@ -70,11 +65,8 @@ def test_bad_plans_fail_with_the_fix(spec, needle):
 
 def test_inventory_overrides_beat_the_plan_and_say_so():
     plan = rs.plan_server(_spec(overrides={"tp_size": 4, "ep_size": 4, "reasoning_parser": ""}, gpu_count=8))
-    assert plan["settings"]["tp_size"] == {
-        "value": 4,
-        "source": "override",
-        "reason": "set in inventory (sglang_server_tp_size)",
-    }
+    assert plan["settings"]["tp_size"] == {"value": 4, "source": "override",
+                                           "reason": "set in inventory (sglang_server_tp_size)"}
     assert "--reasoning-parser" not in plan["argv"]  # "" switches the parser off
     assert "using 4 of the 8 visible GPUs" in plan["warnings"]
 
@@ -108,23 +100,10 @@ def test_sglang_on_cpu_needs_no_gpu():
 
 
 def test_transformers_backend_line():
-    plan = rs.plan_server(
-        _spec(backend="transformers", model_path="/m/demo", python="/v/bin/python", port=8123)
-    )
-    assert plan["argv"] == [
-        "/v/bin/python",
-        "-m",
-        "regen.serving.transformers_serve",
-        "serve",
-        "/m/demo",
-        "--trust-remote-code",
-        "--device",
-        "cpu",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8123",
-    ]
+    plan = rs.plan_server(_spec(backend="transformers", model_path="/m/demo", python="/v/bin/python",
+                                port=8123))
+    assert plan["argv"] == ["/v/bin/python", "-m", "regen.serving.transformers_serve", "serve", "/m/demo",
+                            "--trust-remote-code", "--device", "cpu", "--host", "127.0.0.1", "--port", "8123"]
     assert plan["readiness"]["path"] == "/v1/models"
     assert plan["endpoint"] == "http://127.0.0.1:8123" and plan["api_base"] == "http://127.0.0.1:8123/v1"
 
@@ -132,30 +111,16 @@ def test_transformers_backend_line():
 def test_transformers_backend_binds_a_cluster_address_with_a_key():
     """With an API key the CPU server may listen where a generation host elsewhere reaches it; the key
     travels in the environment file (the launcher reads it), never on the command line."""
-    plan = rs.plan_server(
-        _spec(
-            backend="transformers",
-            model_path="/m/demo",
-            python="/v/bin/python",
-            host="10.0.3.17",
-            port=8123,
-            api_key_set=True,
-        )
-    )
+    plan = rs.plan_server(_spec(backend="transformers", model_path="/m/demo", python="/v/bin/python",
+                                host="10.0.3.17", port=8123, api_key_set=True))
     assert plan["argv"][-4:] == ["--host", "10.0.3.17", "--port", "8123"]
     assert plan["endpoint"] == "http://10.0.3.17:8123"
     assert not any("key" in arg.lower() for arg in plan["argv"])
 
 
 def test_gpu_ids_pin_cuda_visible_devices_and_env_is_redacted_for_records():
-    plan = rs.plan_server(
-        _spec(
-            gpu_ids=[4, 5, 6, 7],
-            gpu_count=4,
-            overrides={"tp_size": 4, "ep_size": 4},
-            env={"HF_TOKEN": "hf_secret", "NCCL_P2P_LEVEL": "SYS"},
-        )
-    )
+    plan = rs.plan_server(_spec(gpu_ids=[4, 5, 6, 7], gpu_count=4, overrides={"tp_size": 4, "ep_size": 4},
+                                env={"HF_TOKEN": "hf_secret", "NCCL_P2P_LEVEL": "SYS"}))
     assert plan["env"]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert plan["env_redacted"]["HF_TOKEN"] == "<redacted>"
     assert plan["env_redacted"]["NCCL_P2P_LEVEL"] == "SYS"
@@ -184,14 +149,8 @@ def test_nccl_p2p_is_disabled_only_for_several_pcie_blackwell_gpus():
 
 def _measured(p2p: bool, on: float, off: float) -> dict:
     env = {} if p2p else {"NCCL_P2P_DISABLE": "1"}
-    return {
-        "measured": True,
-        "p2p": p2p,
-        "env": env,
-        "reason": f"{on} GB/s with P2P, {off} GB/s without",
-        "busbw_gbps": {"p2p_on": on, "p2p_off": off},
-        "world_size": 8,
-    }
+    return {"measured": True, "p2p": p2p, "env": env, "reason": f"{on} GB/s with P2P, {off} GB/s without",
+            "busbw_gbps": {"p2p_on": on, "p2p_off": off}, "world_size": 8}
 
 
 def test_a_p2p_measurement_decides_nccl_p2p_instead_of_the_blackwell_default():
@@ -205,9 +164,8 @@ def test_a_p2p_measurement_decides_nccl_p2p_instead_of_the_blackwell_default():
     assert unmeasured["env"]["NCCL_P2P_DISABLE"] == "1"  # the PCIe Blackwell default, and it says why
     assert "other GPUs or another driver" in unmeasured["settings"]["nccl_env"]["reason"]
     # The inventory's own environment still wins over a measurement.
-    forced = rs.plan_server(
-        _spec(facts=_with_gpu(nccl_p2p=_measured(True, 41.2, 18.9)), env={"NCCL_P2P_DISABLE": "1"})
-    )
+    forced = rs.plan_server(_spec(facts=_with_gpu(nccl_p2p=_measured(True, 41.2, 18.9)),
+                                  env={"NCCL_P2P_DISABLE": "1"}))
     assert forced["env"]["NCCL_P2P_DISABLE"] == "1"
 
 
@@ -266,20 +224,8 @@ def _systemd_split(line):
 
 
 def test_systemd_exec_escapes_specifiers_dollars_and_spaces():
-    argv = [
-        "/v/bin/python",
-        "-m",
-        "x",
-        "--p",
-        "50%",
-        "--cost",
-        "$5",
-        "--name",
-        'two "quoted" words',
-        "--api-key",
-        "${REGEN_SERVING_API_KEY}",
-        "C:\\path",
-    ]
+    argv = ["/v/bin/python", "-m", "x", "--p", "50%", "--cost", "$5", "--name", 'two "quoted" words',
+            "--api-key", "${REGEN_SERVING_API_KEY}", "C:\\path"]
     line = rs.systemd_exec(argv)
     assert "50%%" in line and "$$5" in line
     assert " ${REGEN_SERVING_API_KEY} " in line  # the only word systemd may expand
@@ -309,17 +255,9 @@ def _model_dir(tmp_path: Path) -> Path:
 
 def test_module_plans_reads_only_and_never_returns_the_key(tmp_path, capsys):
     model = _model_dir(tmp_path)
-    args = {
-        "backend": "sglang",
-        "model_path": str(model),
-        "python": "/v/bin/python",
-        "facts": KIMI,
-        "gpu_count": 8,
-        "host": "0.0.0.0",
-        "api_key": "sekrit-xyz",
-        "secret_config_path": str(tmp_path / "main.secret.yaml"),
-        "_ansible_check_mode": True,
-    }
+    args = {"backend": "sglang", "model_path": str(model), "python": "/v/bin/python", "facts": KIMI,
+            "gpu_count": 8, "host": "0.0.0.0", "api_key": "sekrit-xyz",
+            "secret_config_path": str(tmp_path / "main.secret.yaml"), "_ansible_check_mode": True}
     result = _run_module(args, capsys)
     assert result["changed"] is False and not result.get("failed")
     assert "sekrit-xyz" not in json.dumps(result)
@@ -367,9 +305,7 @@ def test_the_plans_attention_backend_is_on_the_launch_line():
     plan = rs.plan_server(_spec(facts=_with_backend({"value": "flashinfer", "reason": "row sm120-mla"})))
     assert _flag(plan["argv"], "--attention-backend") == "flashinfer"
     assert plan["settings"]["attention_backend"] == {
-        "value": "flashinfer",
-        "source": "plan",
-        "reason": "row sm120-mla",
+        "value": "flashinfer", "source": "plan", "reason": "row sm120-mla"
     }
 
 

@@ -105,30 +105,16 @@ def test_the_router_gets_its_key_from_the_environment_and_listens_on_loopback(
 ):
     worker_url, requests_log = worker
     port, metrics_port = _free_port(), _free_port()
-    plan = regen_serving.plan_router(
-        {
-            "python": str(router_python),
-            "worker_urls": [worker_url],
-            "policy": "round_robin",
-            "host": "127.0.0.1",
-            "port": port,
-            "api_key_set": True,
-            "metrics_port": metrics_port,
-        }
-    )
+    plan = regen_serving.plan_router({
+        "python": str(router_python), "worker_urls": [worker_url], "policy": "round_robin",
+        "host": "127.0.0.1", "port": port, "api_key_set": True, "metrics_port": metrics_port,
+    })
     assert not any(KEY in a or a == "--api-key" for a in plan["argv"])
     env_file = tmp_path / "router.env"
     env_file.write_text(f"REGEN_SERVING_API_KEY={KEY}\n")
     env_file.chmod(0o600)
-    spec = {
-        "name": "router",
-        "argv": plan["argv"],
-        "env": plan["env"],
-        "state_dir": str(state_dir),
-        "host": "127.0.0.1",
-        "port": port,
-        "stop_timeout": 10,
-    }
+    spec = {"name": "router", "argv": plan["argv"], "env": plan["env"], "state_dir": str(state_dir),
+            "host": "127.0.0.1", "port": port, "stop_timeout": 10}
     started = supervisor.start(spec, str(env_file))
     deadline = time.monotonic() + 90
     status = 0
@@ -175,15 +161,10 @@ def test_the_router_gets_its_key_from_the_environment_and_listens_on_loopback(
 
 
 def test_the_launcher_refuses_to_start_without_its_key(router_python):
-    plan = regen_serving.plan_router(
-        {
-            "python": str(router_python),
-            "worker_urls": ["http://127.0.0.1:9"],
-            "api_key_set": True,
-            "port": _free_port(),
-            "metrics_port": _free_port(),
-        }
-    )
+    plan = regen_serving.plan_router({
+        "python": str(router_python), "worker_urls": ["http://127.0.0.1:9"], "api_key_set": True,
+        "port": _free_port(), "metrics_port": _free_port(),
+    })
     env = {k: v for k, v in os.environ.items() if k != regen_serving.API_KEY_ENV}
     proc = subprocess.run(plan["argv"], capture_output=True, text=True, env=env, timeout=120, check=False)
     assert proc.returncode == 1

@@ -61,23 +61,8 @@ def _spec(state_dir: Path, site: Path, port: int, **extra) -> dict:
 
 def _wait(state_dir: Path, port: int, slice_s: float = 20.0, budget: float = 60.0) -> dict:
     args = supervisor._parser().parse_args(
-        [
-            "wait",
-            "--state-dir",
-            str(state_dir),
-            "--name",
-            "t",
-            "--url",
-            f"http://127.0.0.1:{port}/v1/models",
-            "--slice",
-            str(slice_s),
-            "--budget",
-            str(budget),
-            "--interval",
-            "0.2",
-            "--probe-timeout",
-            "2",
-        ]
+        ["wait", "--state-dir", str(state_dir), "--name", "t", "--url", f"http://127.0.0.1:{port}/v1/models",
+         "--slice", str(slice_s), "--budget", str(budget), "--interval", "0.2", "--probe-timeout", "2"]
     )
     return supervisor.wait(args)
 
@@ -175,18 +160,9 @@ def test_secret_env_file_is_expanded_into_argv_and_fingerprinted(state_dir, site
     env_file = tmp_path / "secret.env"
     env_file.write_text("REGEN_SERVING_API_KEY=k1\n")
     out = tmp_path / "seen"
-    spec = _spec(
-        state_dir,
-        site,
-        _free_port(),
-        argv=[
-            PY,
-            "-c",
-            "import sys, time; open(sys.argv[1], 'w').write(sys.argv[2]); time.sleep(60)",
-            str(out),
-            "${REGEN_SERVING_API_KEY}",
-        ],
-    )
+    spec = _spec(state_dir, site, _free_port(), argv=[
+        PY, "-c", "import sys, time; open(sys.argv[1], 'w').write(sys.argv[2]); time.sleep(60)",
+        str(out), "${REGEN_SERVING_API_KEY}"])
     first = supervisor.start(spec, str(env_file))
     for _ in range(50):
         if out.exists() and out.read_text():
@@ -211,14 +187,9 @@ def test_cli_prints_json_and_exit_codes(state_dir, site, capsys):
 
 
 def test_redact_removes_secrets_and_live_counters():
-    info = {
-        "api_key": "sekrit",
-        "admin_api_key": None,
-        "tp_size": 8,
-        "launch_command": "sglang serve --model-path /m --api-key sekrit --admin-api-key=x",
-        "internal_states": [{"last_gen_throughput": 12.5}],
-        "data": [{"id": "m", "created": 17}],
-    }
+    info = {"api_key": "sekrit", "admin_api_key": None, "tp_size": 8,
+            "launch_command": "sglang serve --model-path /m --api-key sekrit --admin-api-key=x",
+            "internal_states": [{"last_gen_throughput": 12.5}], "data": [{"id": "m", "created": 17}]}
     out = supervisor.redact(info)
     assert "sekrit" not in json.dumps(out) and "=x" not in out["launch_command"]
     assert out["api_key"] == "<redacted>" and out["admin_api_key"] is None and out["tp_size"] == 8
@@ -242,29 +213,16 @@ Loading safetensors checkpoint shards:  45% Completed | 29/64 [02:30<03:01, 5.20
     ("text", "stage", "detail"),
     [
         (SGLANG_LOAD, "loading shards", "29/64"),
-        (
-            SGLANG_LOAD + "[TP0] Load weight end. type=DeepseekV3ForCausalLM, avail mem=18.2 GB\n",
-            "weights loaded",
-            "",
-        ),
+        (SGLANG_LOAD + "[TP0] Load weight end. type=DeepseekV3ForCausalLM, avail mem=18.2 GB\n",
+         "weights loaded", ""),
         (SGLANG_LOAD + "[TP0] KV Cache is allocated. #tokens: 412345\n", "allocating KV cache", ""),
-        (
-            SGLANG_LOAD + "[TP0] Capture decode CUDA graph begin. This can take up to several minutes.\n",
-            "capturing CUDA graphs",
-            "",
-        ),
-        (
-            SGLANG_LOAD + "INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)\n",
-            "HTTP server up",
-            "",
-        ),
+        (SGLANG_LOAD + "[TP0] Capture decode CUDA graph begin. This can take up to several minutes.\n",
+         "capturing CUDA graphs", ""),
+        (SGLANG_LOAD + "INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)\n",
+         "HTTP server up", ""),
         (SGLANG_LOAD + "[2026-12-01 10:20:00] The server is fired up and ready to roll!\n", "ready", ""),
-        (
-            "[transformers] Loading /m\nLoading weights:   0%|   | 0/63 [00:00<?, ?it/s]\rLoading weights: "
-            "100%|####| 63/63 [00:00<00:00, 6667.71it/s]\n",
-            "loading shards",
-            "63/63",
-        ),
+        ("[transformers] Loading /m\nLoading weights:   0%|   | 0/63 [00:00<?, ?it/s]\rLoading weights: "
+         "100%|####| 63/63 [00:00<00:00, 6667.71it/s]\n", "loading shards", "63/63"),
         ("", None, ""),
     ],
 )
@@ -277,26 +235,18 @@ def test_stage_of(text, stage, detail):
     [
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "gpu_oom"),
         ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", "gpu_oom"),
-        (
-            "OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): "
-            "address already in use",
-            "port_in_use",
-        ),
+        ("OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): "
+         "address already in use", "port_in_use"),
         ("ModuleNotFoundError: No module named 'sgl_kernel'", "missing_module"),
         ("OSError: /root/models/Kimi-K2.6 does not appear to have a file named config.json.", "model_path"),
-        (
-            "ValueError: The repository /m contains custom code which must be executed to correctly load the "
-            "model. Please pass the argument `trust_remote_code=True` to allow custom code to be run.",
-            "trust_remote_code",
-        ),
+        ("ValueError: The repository /m contains custom code which must be executed to correctly load the "
+         "model. Please pass the argument `trust_remote_code=True` to allow custom code to be run.",
+         "trust_remote_code"),
         ("sglang serve: error: unrecognized arguments: --bogus", "bad_argument"),
         ("Error: No such option '--bogus-flag'.", "bad_argument"),
         ("RuntimeError: Found no NVIDIA driver on your system.", "no_gpu"),
-        (
-            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system "
-            "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3",
-            "nccl",
-        ),
+        ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system "
+         "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3", "nccl"),
         ("AssertionError: ep_size * moe_dp_size must be equal to tp_size", "config_rejected"),
         ("KeyError: 'model.layers.0.mlp.experts.0.w1'", "exception"),
     ],
@@ -328,19 +278,8 @@ def test_the_api_key_is_scrubbed_from_log_tails(state_dir, site, tmp_path):
     spec = _spec(state_dir, site, _free_port(), argv=[PY, "-c", stub])
     supervisor.start(spec, str(env_file))
     args = supervisor._parser().parse_args(
-        [
-            "wait",
-            "--state-dir",
-            str(state_dir),
-            "--name",
-            "t",
-            "--slice",
-            "10",
-            "--interval",
-            "0.2",
-            "--api-key-env-file",
-            str(env_file),
-        ]
+        ["wait", "--state-dir", str(state_dir), "--name", "t", "--slice", "10", "--interval", "0.2",
+         "--api-key-env-file", str(env_file)]
     )
     result = supervisor.wait(args)
     assert not result["alive"]
@@ -468,20 +407,9 @@ def test_the_port_probe_tells_the_servers_own_port_from_a_strangers(state_dir, s
         stranger = holder.getsockname()[1]
         answers = {}
         for probe_port in (port, stranger):
-            assert (
-                supervisor.main(
-                    [
-                        "port",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(probe_port),
-                        "--owner-pid",
-                        str(first["pid"]),
-                    ]
-                )
-                == 0
-            )
+            assert supervisor.main(
+                ["port", "--host", "127.0.0.1", "--port", str(probe_port), "--owner-pid", str(first["pid"])]
+            ) == 0
             answers[probe_port] = json.loads(capsys.readouterr().out)
     assert answers[port]["free"] is False and answers[port]["held_by_owner"] is True
     assert answers[stranger]["free"] is False and answers[stranger]["held_by_owner"] is False

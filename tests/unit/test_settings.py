@@ -46,15 +46,10 @@ def unset(stage: str) -> dict[str, None]:
 def test_the_plan_gives_each_value_with_its_reason() -> None:
     resolved, notes, unresolved = resolve("generate", PLAN, unset("generate"))
     assert {name: entry["value"] for name, entry in resolved.items()} == {
-        "max_tokens": 48,
-        "concurrency": 4,
-        "chat_template_kwargs": {"thinking": True},
+        "max_tokens": 48, "concurrency": 4, "chat_template_kwargs": {"thinking": True},
     }
     assert resolved["max_tokens"] == {
-        "value": 48,
-        "source": "plan",
-        "variable": "completions_max_tokens",
-        "plan_path": "length.max_tokens",
+        "value": 48, "source": "plan", "variable": "completions_max_tokens", "plan_path": "length.max_tokens",
         "reason": "the inventory's max_tokens",
     }
     assert notes == [] and unresolved == []
@@ -100,16 +95,9 @@ def test_a_documented_default_says_why() -> None:
 
 
 def test_an_unknown_plan_entry_fails_with_its_reason_and_remedy() -> None:
-    plan = {
-        "generation": {
-            "chat_template_kwargs": {
-                "value": None,
-                "unknown": True,
-                "reason": "the tokenizer did not load",
-                "remedy": "install tiktoken",
-            }
-        }
-    }
+    plan = {"generation": {"chat_template_kwargs": {
+        "value": None, "unknown": True, "reason": "the tokenizer did not load", "remedy": "install tiktoken",
+    }}}
     overrides = dict(unset("generate"), completions_max_tokens=8, completions_concurrency=1)
     with pytest.raises(SettingsError) as caught:
         resolve("generate", plan, overrides)

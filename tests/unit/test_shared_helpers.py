@@ -11,10 +11,7 @@ from ansible.module_utils.regen_secrets import SecretFileError, read_api_key, re
 
 
 def test_redact_url_keeps_the_user_and_hides_the_secret() -> None:
-    assert (
-        redact_url("https://alice:s3cret@pypi.example:8443/simple")
-        == "https://alice:***@pypi.example:8443/simple"
-    )
+    assert redact_url("https://alice:s3cret@pypi.example:8443/simple") == "https://alice:***@pypi.example:8443/simple"
     assert redact_url("https://tok3n@[::1]:3141/simple") == "https://***@[::1]:3141/simple"
     assert redact_url("http://127.0.0.1:30000/v1") == "http://127.0.0.1:30000/v1"
     assert redact_url("") == ""
@@ -22,15 +19,8 @@ def test_redact_url_keeps_the_user_and_hides_the_secret() -> None:
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [
-        ("127.0.0.1", True),
-        ("127.3.2.1", True),
-        ("::1", True),
-        ("localhost", True),
-        ("10.1.2.200", False),
-        ("0.0.0.0", False),
-        ("example.org", False),
-    ],
+    [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("localhost", True), ("10.1.2.200", False),
+     ("0.0.0.0", False), ("example.org", False)],
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback

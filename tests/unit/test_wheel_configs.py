@@ -53,16 +53,9 @@ def _first(scope, *keys):
 
 def test_the_wheel_ships_the_configs_the_issue_names(configs):
     assert len(configs) >= 85
-    for name in (
-        "nvidia--Kimi-K2.6-NVFP4",
-        "moonshotai--Kimi-K2.5",
-        "nvidia--Kimi-K2.5-NVFP4",
-        "nvidia--Kimi-K2.7-Code-NVFP4",
-        "moonshotai--Kimi-K3",
-        "deepseek-ai--DeepSeek-V3",
-        "openai--gpt-oss-120b",
-        "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4",
-    ):
+    for name in ("nvidia--Kimi-K2.6-NVFP4", "moonshotai--Kimi-K2.5", "nvidia--Kimi-K2.5-NVFP4",
+                 "nvidia--Kimi-K2.7-Code-NVFP4", "moonshotai--Kimi-K3", "deepseek-ai--DeepSeek-V3",
+                 "openai--gpt-oss-120b", "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"):
         assert name in configs, name
     assert configs["nvidia--Kimi-K2.6-NVFP4"]["hf_quant_config"]["quantization"]["quant_algo"] == "NVFP4"
 
@@ -82,16 +75,14 @@ def test_every_config_reads_and_plans_on_every_host(configs):
         experts = _first(text, "n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
         heads = _first(text, "num_attention_heads", "n_heads")
         if arch["num_layers"] != layers or arch["hidden_size"] != hidden:
-            problems.append(
-                f"{name}: layers/hidden {arch['num_layers']}/{arch['hidden_size']} != {layers}/{hidden}"
-            )
+            problems.append(f"{name}: layers/hidden {arch['num_layers']}/{arch['hidden_size']} != "
+                            f"{layers}/{hidden}")
         got_experts = (arch["moe"] or {}).get("routed_experts")
         if (experts or 0) > 1 and got_experts != experts:
             problems.append(f"{name}: routed experts {got_experts} != {experts}")
         known = {arch["model_type"], arch["text_model_type"]} & set(FAMILIES)
-        if not known and not any(
-            repr(arch["model_type"]) in w and "not one regen knows" in w for w in arch["warnings"]
-        ):
+        if not known and not any(repr(arch["model_type"]) in w and "not one regen knows" in w
+                                 for w in arch["warnings"]):
             problems.append(f"{name}: unknown family {arch['model_type']} not named in the warnings")
         if not (arch["parameters"] or {}).get("total") or not arch["weight_estimate"]:
             problems.append(f"{name}: no parameter count or weight estimate from the facts it read")
