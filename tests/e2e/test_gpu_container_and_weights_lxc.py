@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from tests.helpers.ansible import BIN, ROOT, ansible_env, run_playbook
+from tests.helpers.bitrot import rot_in_place
 
 pytestmark = [pytest.mark.e2e, pytest.mark.lxc]
 
@@ -297,11 +298,7 @@ def test_weights_from_a_bastion_and_a_mirror_container(lab):
     # Bit rot in a shard after it was verified, its size and time unchanged (rsync's quick check skips it),
     # and the marker gone: the copy is refused and the shard removed; the next run pushes it again.
     shard = dest / "model-00002-of-00002.safetensors"
-    stat = shard.stat()
-    data = bytearray(shard.read_bytes())
-    data[100:104] = b"ROT!"
-    shard.write_bytes(bytes(data))
-    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    rot_in_place(shard)
     (dest / ".regen-weights.json").unlink()
     rotten = run_playbook("playbooks/weights.yml", inventory=inventory)
     assert rotten.returncode != 0 and f"refused: {shard.name}: sha256" in rotten.output, rotten.output[-3000:]

@@ -49,23 +49,33 @@ def _allow_key() -> str:
     )
 
 
-def test_plain_lxc_config_gets_gpu_lines_and_limits_once(tmp_path):
+def _standin(tmp_path: Path, text: str, **overrides: object) -> tuple[Path, dict[str, object]]:
+    """A plain-LXC config file `standin` holding `text`, and the role's variables for it (restart off)."""
     lxcpath = tmp_path / "lxc"
     (lxcpath / "standin").mkdir(parents=True)
     config = lxcpath / "standin" / "config"
-    config.write_text("lxc.uts.name = standin\nlxc.rootfs.path = dir:/var/lib/lxc/standin/rootfs\n")
+    config.write_text(text)
     variables = {
         "regen_model_path": str(tmp_path / "m"),
         "regen_artifacts_dir": str(tmp_path / "artifacts"),
         "lxc_gpu_container_platform": "lxc",
         "lxc_gpu_container_name": "standin",
         "lxc_gpu_container_lxc_path": str(lxcpath),
-        "lxc_gpu_container_gpu_count": 2,
-        "lxc_gpu_container_standin_nodes": ["null", "zero"],
         "lxc_gpu_container_restart_on_change": False,
-        "lxc_gpu_container_shm_size_gib": 16,
         **_grantable_limits(),
+        **overrides,
     }
+    return config, variables
+
+
+def test_plain_lxc_config_gets_gpu_lines_and_limits_once(tmp_path):
+    config, variables = _standin(
+        tmp_path,
+        "lxc.uts.name = standin\nlxc.rootfs.path = dir:/var/lib/lxc/standin/rootfs\n",
+        lxc_gpu_container_gpu_count=2,
+        lxc_gpu_container_standin_nodes=["null", "zero"],
+        lxc_gpu_container_shm_size_gib=16,
+    )
     inventory = localhost_inventory(tmp_path / "hosts.yml", groups=("regen_hypervisor",), variables=variables)
     first = run_playbook(_play(tmp_path), inventory=inventory)
     assert first.returncode == 0, first.output[-3000:]
@@ -96,24 +106,15 @@ def test_plain_lxc_config_gets_gpu_lines_and_limits_once(tmp_path):
 def test_limits_the_node_cannot_grant_are_refused_before_the_config_changes(tmp_path):
     """LXC sets the limits on the container's init at start: one above fs.nr_open (any node) would leave the
     container stopped, so the role refuses it before writing anything, naming the variable."""
-    lxcpath = tmp_path / "lxc"
-    (lxcpath / "standin").mkdir(parents=True)
-    config = lxcpath / "standin" / "config"
     original = "lxc.uts.name = standin\n"
-    config.write_text(original)
     nr_open = int(Path("/proc/sys/fs/nr_open").read_text())
-    variables = {
-        "regen_model_path": str(tmp_path / "m"),
-        "regen_artifacts_dir": str(tmp_path / "artifacts"),
-        "lxc_gpu_container_platform": "lxc",
-        "lxc_gpu_container_name": "standin",
-        "lxc_gpu_container_lxc_path": str(lxcpath),
-        "lxc_gpu_container_gpu_count": 1,
-        "lxc_gpu_container_standin_nodes": ["null"],
-        "lxc_gpu_container_restart_on_change": False,
-        **_grantable_limits(),
-        "lxc_gpu_container_nofile": nr_open + 1,
-    }
+    config, variables = _standin(
+        tmp_path,
+        original,
+        lxc_gpu_container_gpu_count=1,
+        lxc_gpu_container_standin_nodes=["null"],
+        lxc_gpu_container_nofile=nr_open + 1,
+    )
     inventory = localhost_inventory(tmp_path / "hosts.yml", groups=("regen_hypervisor",), variables=variables)
     run = run_playbook(_play(tmp_path), inventory=inventory)
     assert run.returncode != 0, run.output[-3000:]

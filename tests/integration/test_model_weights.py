@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from tests.helpers.ansible import BIN, ROOT, ansible_env, localhost_inventory, run_playbook
+from tests.helpers.bitrot import rot_in_place
 from tests.helpers.hub_server import HubServer
 
 COMMIT = "3f1c0ffee0ddba11c0dedbadc0ffee0123456789"
@@ -141,11 +142,7 @@ def test_hub_path_resumes_verifies_refuses_and_is_idempotent(tmp_path):
         # current and hf keeps it); the marker goes (a changed source setting would do the same): the
         # verification refuses the shard and removes it, the next run fetches it again.
         shard = dest / "model-00002-of-00002.safetensors"
-        stat = shard.stat()
-        data = bytearray(shard.read_bytes())
-        data[100:104] = b"XXXX"
-        shard.write_bytes(bytes(data))
-        os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        rot_in_place(shard)
         (dest / ".regen-weights.json").unlink()
         refused = run_playbook("playbooks/weights.yml", inventory=inventory)
         assert (
