@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Every test, in the least wall-clock time this machine allows (`make test`, and so CI), in two lanes:
-#   - background: the tests in LXC containers of their own (marker `lxc`: the molecule scenarios, the GPU
-#     container and weights roles between containers), then the unit tests and the provisioning tests (venvs
-#     built in temporary directories from copied locks), then the train stage and Mooncake tests, end-to-end
-#     ones included (offline, rolling and online training runs, each in a work directory of its own, on free
-#     loopback ports; they share the Mooncake venv, so they stay in one lane);
+#   - background: the tests in LXC containers of their own (marker `lxc`): the molecule scenarios, and beside
+#     them, in containers of its own, the GPU container and weights roles between containers (both mostly
+#     wait on containers booting, apt and SSH); then the unit tests and the provisioning tests (venvs built in
+#     temporary directories from copied locks), then the train stage and Mooncake tests, end-to-end ones
+#     included (offline, rolling and online training runs, each in a work directory of its own, on free
+#     loopback ports; they share the Mooncake venv, so they stay in one lane), and the serve role's
+#     lifecycles (a model server on a free loopback port, here to even out the lanes' lengths);
 #   - foreground: the other integration tests (real playbook runs on localhost), then the other local
-#     end-to-end runs (the serve role's lifecycles among them: back here from the background lane, which the
-#     container and Mooncake-fault tests made the longer one).
+#     end-to-end runs.
 # The lanes share no port, directory or process: the containers have their own network namespace, unit
 # tests work in temporary directories on ports they pick, and the shared caches under .cache/ are written
 # atomically. Molecule mostly waits on containers booting, apt and SSH, so it costs the other lane little.
@@ -18,9 +19,12 @@ logs=.cache/test-logs
 mkdir -p "$logs"
 lxc_log="$logs/background.log"
 
-# The train stage and Mooncake tests (background lane, after the unit tests).
+# The train stage and Mooncake tests, and the serve role's (background lane, after the unit tests).
 background_tests=(tests/integration/test_train_stage.py tests/integration/test_train_online.py
-                  tests/integration/test_mooncake_master.py tests/integration/test_capture_server.py)
+                  tests/integration/test_mooncake_master.py tests/integration/test_capture_server.py
+                  tests/integration/test_serve_role.py)
+# Runs beside the molecule scenarios: its containers, key and ports are its own.
+beside_molecule=tests/e2e/test_gpu_container_and_weights_lxc.py
 not_background=()
 for t in "${background_tests[@]}"; do not_background+=(--ignore="$t"); done
 
@@ -28,19 +32,26 @@ started=$(date +%s)
 # The slowest tests of each part are listed at its end: where the suite's time goes, run after run.
 set -- --durations=15 "$@"
 (
-  pytest -m "lxc" "$@"
+  # lxc, debootstrap, the bridge and the cached root filesystem, once, before two runs could race to install
+  # them (the tests say why when this fails, e.g. without root).
+  scripts/lxc-test-host.sh rootfs >/dev/null 2>&1
+  pytest -m "lxc" "$beside_molecule" "$@" >"$logs/lxc-beside-molecule.log" 2>&1 &
+  beside=$!
+  pytest -m "lxc" --ignore="$beside_molecule" "$@"
   lxc=$?
+  wait "$beside" || lxc=1
+  cat "$logs/lxc-beside-molecule.log"
   pytest tests/unit tests/integration/test_provision.py -m "not e2e" "$@"
   unit=$?
   pytest "${background_tests[@]}" -m "not lxc" "$@"
   training=$?
-  echo "molecule exit $lxc, unit + provisioning exit $unit, train stage + Mooncake exit $training"
+  echo "LXC containers exit $lxc, unit + provisioning exit $unit, train stage + Mooncake + serve role exit $training"
   [ "$lxc" -eq 0 ] && [ "$unit" -eq 0 ] && [ "$training" -eq 0 ]
 ) >"$lxc_log" 2>&1 &
 lxc_pid=$!
 # A Ctrl-C or a CI timeout stops the background lane too, so no molecule run outlives this script.
 trap 'pkill -TERM -P "$lxc_pid" 2>/dev/null; kill -TERM "$lxc_pid" 2>/dev/null; wait "$lxc_pid" 2>/dev/null; exit 130' INT TERM
-echo "== background lane (LXC container tests, unit and provisioning tests, train stage + Mooncake) started: $lxc_log"
+echo "== background lane (LXC container tests, unit and provisioning tests, train stage + Mooncake + serve role) started: $lxc_log"
 
 echo "== integration tests but provisioning (not e2e)"
 pytest tests --ignore=tests/unit --ignore=tests/integration/test_provision.py "${not_background[@]}" -m "not e2e" "$@"
@@ -54,5 +65,5 @@ wait "$lxc_pid"
 lxc=$?
 trap - INT TERM
 cat "$lxc_log"
-echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (LXC containers, unit, provisioning, train stage + Mooncake) exit $lxc"
+echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (LXC containers, unit, provisioning, train stage + Mooncake + serve role) exit $lxc"
 [ "$fast" -eq 0 ] && [ "$local_e2e" -eq 0 ] && [ "$lxc" -eq 0 ]
