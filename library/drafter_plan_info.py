@@ -438,6 +438,8 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
         "transfer_env_args": [
             arg for name, value in transfer.items() for arg in ("--env", f"{name}={value}")
         ],
+        # What `regen.training.disagg preflight` (before the launch) and `health` (after a failed run) probe.
+        "probe_args": [f"--url={url}" for url in urls] + _mooncake_probe_args(endpoints),
     }
     settings = {
         "server_urls": urls,
@@ -446,6 +448,13 @@ def _online_stack(module, p, placement, states, config, run_dir, status_path, qu
         "consumer_state_dir": paths["consumer_state_dir"],
     }
     return block, settings
+
+
+def _mooncake_probe_args(endpoints):
+    if not endpoints.get("master_server_addr"):
+        return []
+    master, metadata = endpoints["master_server_addr"], endpoints["metadata_server"]
+    return ["--mooncake-master", master, "--mooncake-metadata", metadata]
 
 
 def _held_bytes(path):

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import resource
 import subprocess
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ import yaml
 
 from tests.helpers.ansible import BIN, ROOT, ansible_env, run_playbook
 from tests.helpers.bitrot import rot_in_place
+from tests.integration.test_lxc_gpu_container_role import _grantable_limits
 
 pytestmark = [pytest.mark.e2e, pytest.mark.lxc]
 
@@ -113,18 +113,7 @@ def lab(tmp_path_factory):
         _destroy(BASTION)
 
 
-def _grantable_limits() -> tuple[str, int]:
-    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    nr_open = int(Path("/proc/sys/fs/nr_open").read_text())
-    return (
-        "unlimited" if memlock == resource.RLIM_INFINITY else str(memlock),
-        nr_open if nofile == resource.RLIM_INFINITY else min(nofile, nr_open),
-    )
-
-
 def _node_inventory(home: Path) -> Path:
-    memlock, nofile = _grantable_limits()
     node = {
         "ansible_connection": "local",
         "ansible_python_interpreter": str(BIN / "python"),
@@ -134,8 +123,7 @@ def _node_inventory(home: Path) -> Path:
         "lxc_gpu_container_name": GPU,
         "lxc_gpu_container_gpu_count": 1,
         "lxc_gpu_container_standin_nodes": [STANDIN],  # stand-in for a GPU node (no GPU here)
-        "lxc_gpu_container_memlock": memlock,
-        "lxc_gpu_container_nofile": nofile,
+        **_grantable_limits(),
         "lxc_gpu_container_shm_size_gib": 2,
     }
     path = home / "node.yml"
@@ -207,9 +195,9 @@ def test_gpu_container_role_on_a_running_container(lab):
     assert opened.stdout.strip() == "ok", opened.stderr
     # init (and so every process of the container) runs with the limits; /dev/shm has its own size.
     limits = _attach(GPU, "cat", "/proc/1/limits").stdout
-    memlock, nofile = _grantable_limits()
-    want_memlock = "unlimited" if memlock == "unlimited" else memlock
-    assert re.search(rf"Max locked memory\s+{want_memlock}\s+{want_memlock}\s", limits), limits
+    granted = _grantable_limits()
+    memlock, nofile = granted["lxc_gpu_container_memlock"], granted["lxc_gpu_container_nofile"]
+    assert re.search(rf"Max locked memory\s+{memlock}\s+{memlock}\s", limits), limits
     assert re.search(rf"Max open files\s+{nofile}\s+{nofile}\s", limits), limits
     shm = _attach(GPU, "findmnt", "-no", "FSTYPE,OPTIONS", "/dev/shm").stdout
     assert shm.startswith("tmpfs") and "size=2097152k" in shm, shm

@@ -149,7 +149,8 @@ def check_mooncake(master: str, metadata: str) -> tuple[bool, str]:
     return False, f"{metadata} answers HTTP {status} ({body.strip()[:200]}): not a Mooncake metadata server?"
 
 
-def preflight(urls: list[str], master: str | None, metadata: str | None, timeout: float) -> dict[str, Any]:
+def _probe(urls: list[str], master: str | None, metadata: str | None, timeout: float) -> list[dict[str, Any]]:
+    """Each part of the online stack, polled until it answers or `timeout` seconds have gone (0: once)."""
     checks = []
     if master and metadata:
         ok, detail = _until(lambda: check_mooncake(master, metadata), timeout)
@@ -157,6 +158,11 @@ def preflight(urls: list[str], master: str | None, metadata: str | None, timeout
     for url in urls:
         ok, detail = _until(lambda url=url: check_capture_server(url), timeout)
         checks.append({"what": "capture server", "url": url, "ok": ok, "detail": detail})
+    return checks
+
+
+def preflight(urls: list[str], master: str | None, metadata: str | None, timeout: float) -> dict[str, Any]:
+    checks = _probe(urls, master, metadata, timeout)
     failed = [c for c in checks if not c["ok"]]
     result: dict[str, Any] = {"ok": not failed, "checks": checks}
     if failed:
@@ -174,13 +180,7 @@ def stack_health(urls: list[str], master: str | None, metadata: str | None) -> d
     """After an online run that did not succeed: which part of the stack is down now (one probe each, no
     waiting). SpecForge's consumer reports a Mooncake master lost mid-run as a feature that is "not
     available (freed, stale, or never written)", which names no cause; this does."""
-    checks = []
-    if master and metadata:
-        ok, detail = check_mooncake(master, metadata)
-        checks.append({"what": "mooncake", "ok": ok, "detail": detail})
-    for url in urls:
-        ok, detail = check_capture_server(url)
-        checks.append({"what": "capture server", "url": url, "ok": ok, "detail": detail})
+    checks = _probe(urls, master, metadata, timeout=0)
     failed = [c for c in checks if not c["ok"]]
     result: dict[str, Any] = {"ok": not failed, "checks": checks}
     if failed:
