@@ -49,6 +49,9 @@ for src in "${sources[@]}"; do
     exit 2
   fi
   tmp=$(mktemp)
+  # uv keeps the pins of the output file it starts from where they still satisfy the .in: adding one
+  # package moves nothing else. REGEN_LOCK_UPGRADE=1 resolves every pin afresh.
+  if [ -f "$out" ] && [ "${REGEN_LOCK_UPGRADE:-0}" != 1 ]; then cp "$out" "$tmp"; fi
   "$TOOLS/bin/uv" pip compile "$src" --quiet --python-version "$python" --python-platform "$platform" \
     --generate-hashes --no-header --no-annotate --output-file "$tmp"
   {

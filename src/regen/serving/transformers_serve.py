@@ -20,6 +20,14 @@ environment holds `REGEN_SERVING_API_KEY` (the serve stage's 0600 environment fi
 regen's supervisor; never on the command line), every request needs `Authorization: Bearer <key>`, as
 SGLang's `--api-key` asks, except the health, readiness and metrics paths that probes read without a
 secret. That is what lets a generation host elsewhere use the CPU server (docs/multi-host.md, layout 2).
+
+sglang-router 0.3.2 parses each chat completion into SGLang's request type and forwards it with SGLang's
+own fields filled in at their defaults (`skip_special_tokens: true`, `separate_reasoning: true`, ...,
+`SGLANG_CHAT_DEFAULTS`). transformers' server refuses every field it does not know (422 "Unexpected
+fields"), so without help no chat completion passes a router to the CPU server. `SGLangFieldsMiddleware`
+takes those fields out of a chat completion when each holds SGLang's default, which is what transformers
+does anyway; a field set to anything else asks for behaviour this server does not have, and is refused
+with 400 naming it, rather than ignored.
 """
 
 from __future__ import annotations
@@ -185,31 +193,133 @@ class BearerKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+# SGLang 0.5.23's ChatCompletionRequest fields that sglang-router 0.3.2 always sends, with SGLang's default
+# for each (sglang/srt/entrypoints/openai/protocol.py; the body a router forwards is recorded in
+# tests/fixtures/serving/router-forwarded-chat.json). Each default is what transformers' server does.
+SGLANG_CHAT_DEFAULTS: dict[str, Any] = {
+    "no_stop_trim": False,
+    "ignore_eos": False,
+    "continue_final_message": False,
+    "skip_special_tokens": True,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "return_hidden_states": False,
+}
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+
+
+class UnsupportedField(ValueError):
+    """A request sets an SGLang field to a value this server cannot honour."""
+
+
+def strip_sglang_defaults(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` without the SGLang-only fields that hold SGLang's default; refuses any other value of them."""
+    changed = {name: body[name] for name in SGLANG_CHAT_DEFAULTS if name in body}
+    refused = sorted(name for name, value in changed.items() if value != SGLANG_CHAT_DEFAULTS[name])
+    if refused:
+        detail = ", ".join(f"{name}={json.dumps(body[name])} (SGLang's default: "
+                           f"{json.dumps(SGLANG_CHAT_DEFAULTS[name])})" for name in refused)
+        raise UnsupportedField(
+            f"the CPU server (transformers serve) cannot honour {detail}; send SGLang's default or leave "
+            "the field out"
+        )
+    if not changed:
+        return body
+    return {key: value for key, value in body.items() if key not in changed}
+
+
+class SGLangFieldsMiddleware:
+    """ASGI middleware: a chat completion loses the SGLang fields at their defaults before transformers
+    validates it (see the module docstring); one that sets them otherwise gets 400 naming them.
+
+    Only POST /v1/chat/completions is read; every other request, and every response, passes untouched.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != CHAT_COMPLETIONS_PATH:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away before sending its body
+                await self.app(scope, _replay([message]), send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        raw = b"".join(chunks)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None  # transformers answers a body that is not JSON in its own words
+        if isinstance(body, dict):
+            try:
+                stripped = strip_sglang_defaults(body)
+            except UnsupportedField as exc:
+                await _send_json(send, 400, {"error": {"message": str(exc), "type": "invalid_request_error"}})
+                return
+            if stripped is not body:
+                raw = json.dumps(stripped).encode()
+                headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-length"]
+                scope = {**scope, "headers": [*headers, (b"content-length", str(len(raw)).encode())]}
+        await self.app(scope, _replay([{"type": "http.request", "body": raw, "more_body": False}], receive),
+                       send)
+
+
+def _replay(messages: list[dict], then: Any = None) -> Any:
+    """An ASGI `receive` that returns `messages` first, then defers to `then` (a disconnect, later)."""
+    pending = list(messages)
+
+    async def receive() -> dict:
+        if pending:
+            return pending.pop(0)
+        if then is None:
+            return {"type": "http.disconnect"}
+        return await then()
+
+    return receive
+
+
+async def _send_json(send: Any, status: int, payload: dict) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
+
+
 def _wrap_build_server(build_server, api_key: str):
     @functools.wraps(build_server)
     def wrapped(*args, **kwargs):
         app = build_server(*args, **kwargs)
-        app.add_middleware(BearerKeyMiddleware, api_key=api_key)
+        # Starlette runs the middleware added last first: the key is checked before a body is read.
+        app.add_middleware(SGLangFieldsMiddleware)
+        if api_key:
+            app.add_middleware(BearerKeyMiddleware, api_key=api_key)
         return app
 
     return wrapped
 
 
-def require_api_key(api_key: str) -> None:
-    """Make every server transformers builds from now on ask for `api_key` (see the module docstring)."""
+def wrap_server(api_key: str) -> None:
+    """Make every server transformers builds from now on accept a router's SGLang fields (see the module
+    docstring) and, with a non-empty `api_key`, ask for that key."""
     import transformers
     from transformers.cli.serving import server
 
     if not hasattr(server, "build_server"):
         raise SystemExit(
             f"regen.serving.transformers_serve: transformers {transformers.__version__} has no "
-            "transformers.cli.serving.server.build_server, where the API key is enforced; this hook was "
-            f"written for transformers {WRITTEN_FOR} (the version the locks pin): install that"
+            "transformers.cli.serving.server.build_server, where the API key and the router's fields are "
+            f"handled; this hook was written for transformers {WRITTEN_FOR} (the version the locks pin): "
+            "install that"
         )
-    if getattr(server, "_regen_api_key_installed", False):
+    if getattr(server, "_regen_server_wrapped", False):
         return
     server.build_server = _wrap_build_server(server.build_server, api_key)
-    server._regen_api_key_installed = True
+    server._regen_server_wrapped = True
 
 
 def install() -> None:
@@ -242,9 +352,7 @@ def install() -> None:
 def main(argv: list[str] | None = None) -> None:
     install()
     # Taken out of the environment, so nothing the server starts inherits it.
-    api_key = os.environ.pop(API_KEY_ENV, "")
-    if api_key:
-        require_api_key(api_key)
+    wrap_server(os.environ.pop(API_KEY_ENV, ""))
     from transformers.cli.transformers import main as transformers_main
 
     sys.argv = ["transformers", *(sys.argv[1:] if argv is None else argv)]
