@@ -281,9 +281,10 @@ def test_systemd_unit_rendered_in_check_mode(tmp_path: Path, demo_model_dir: Pat
 @pytest.mark.e2e
 def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, teardown_after) -> None:
     """A real sglang-router 0.3.2 process (from the throwaway venv of test_serving_argv.py) started by the
-    role's router entry point in front of the demo server: it must come up on /health, route /v1/models to
-    the worker, stay untouched on a second run, and stop on teardown. (It cannot route a chat completion
-    to `transformers serve`: the router adds SGLang-only request fields that transformers rejects.)
+    role's router entry point in front of the demo server: it must come up on /health, route /v1/models and
+    a chat completion to the worker (the router adds SGLang's own request fields, which regen's launcher of
+    `transformers serve` takes out), ask clients for the key, stay untouched on a second run, and stop on
+    teardown.
 
     With a router API key (the CPU server itself takes none), the key must not be on the router's command
     line (/proc/PID/cmdline, what `ps` shows) but in its environment from a 0600 file, and every socket
@@ -335,6 +336,25 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
     ]
     with urllib.request.urlopen(f"http://127.0.0.1:{router_port}/v1/models", timeout=30) as response:
         assert response.status == 200 and json.loads(response.read())["data"]
+    # The router answers /v1/models itself (its model is "unknown" for a worker without SGLang's
+    # /model_info); the job sends the name the server itself published, as here.
+    models = json.loads((tmp_path / "artifacts" / "serving" / "localhost-main" / "v1_models.json").read_text())
+    chat = json.dumps({"model": models["data"][0]["id"], "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "Say hi."}]}).encode()
+    with pytest.raises(urllib.error.HTTPError) as unauthorized:
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{router_port}/v1/chat/completions", data=chat,
+            headers={"content-type": "application/json"}), timeout=60)
+    assert unauthorized.value.code == 401
+    try:
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{router_port}/v1/chat/completions", data=chat,
+                headers={"content-type": "application/json", "authorization": f"Bearer {key}"}),
+                timeout=120) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        pytest.fail(f"the router answered {exc.code}: {exc.read()[:2000]!r}")
+    assert answer["choices"][0]["message"]["content"] is not None and answer["usage"]["completion_tokens"] > 0
     router_pid = int((state / "router.pid").read_text())
     assert (state / "router.env").stat().st_mode & 0o777 == 0o600
     processes = [psutil.Process(router_pid), *psutil.Process(router_pid).children(recursive=True)]
