@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.lxc]
 
 
 # scenario -> its platforms (molecule/<scenario>/molecule.yml); a container is <platform>-<checkout hash>.
-SCENARIOS = {"default": ("ct200-standin",), "serve": ("ct200-serve", "ct200-gen")}
+SCENARIOS = {"default": ("ct200-standin",), "serve": ("ct200-serve", "ct200-serve2", "ct200-gen")}
 
 
 @pytest.mark.timeout(1500)

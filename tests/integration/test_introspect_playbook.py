@@ -159,3 +159,42 @@ def test_without_tokenizer_files_the_facts_and_the_config_plan_are_written(
     assert tokenize.counts("localhost")["failed"] == 1, flowing[-3000:]
     assert "the plan's drafter.mask_token_id is unknown" in flowing and "holds no tokenizer files" in flowing
     assert "or set tokenized_data_mask_token_id" in flowing
+
+
+def _two_serving_hosts(tmp_path: Path, model: Path, second: dict) -> Path:
+    """Two serving hosts on this machine (local connection each, as a router's workers would be), the second
+    with `second` as its own variables."""
+    import yaml
+
+    inventory = _inventory(tmp_path, model, Path(sys.executable))
+    document = yaml.safe_load(inventory.read_text())
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    document["all"]["hosts"] = {"serve-a": dict(local), "serve-b": {**local, **second}}
+    document["all"]["children"] = {"regen_serve": {"hosts": {"serve-a": None, "serve-b": None}}}
+    inventory.write_text(yaml.safe_dump(document))
+    return inventory
+
+
+def test_two_alike_serving_hosts_write_one_facts_file_and_a_second_run_changes_nothing(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    """Several serving hosts (behind a router) share one plan: the facts file is the first host's, written
+    once, so a second run changes nothing (each host used to write its own over the other's)."""
+    inventory = _two_serving_hosts(tmp_path, demo_model_dir, {})
+    first = run_playbook("playbooks/introspect.yml", inventory=inventory, timeout=600)
+    assert first.counts("serve-a")["failed"] == 0 and first.counts("serve-b")["failed"] == 0, first.output[-4000:]
+    facts = json.loads((tmp_path / "artifacts" / "model_facts.json").read_text())
+    assert facts["host"] == "serve-a"
+    second = run_playbook("playbooks/introspect.yml", inventory=inventory, timeout=600)
+    for host in ("serve-a", "serve-b"):
+        assert (second.counts(host)["changed"], second.counts(host)["failed"]) == (0, 0), second.output[-4000:]
+
+
+def test_serving_hosts_that_plan_differently_are_refused_naming_the_host(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    inventory = _two_serving_hosts(tmp_path, demo_model_dir, {"model_facts_length_budget": 3000})
+    run = run_playbook("playbooks/introspect.yml", inventory=inventory, timeout=600)
+    assert run.counts("serve-a")["failed"] + run.counts("serve-b")["failed"] >= 1, run.output[-4000:]
+    assert "the serving hosts serve-b get another plan than serve-a" in " ".join(run.output.split())
+    assert not (tmp_path / "artifacts" / "model_facts.json").exists()

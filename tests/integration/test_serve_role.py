@@ -338,7 +338,8 @@ def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, tea
         assert response.status == 200 and json.loads(response.read())["data"]
     # The router answers /v1/models itself (its model is "unknown" for a worker without SGLang's
     # /model_info); the job sends the name the server itself published, as here.
-    models = json.loads((tmp_path / "artifacts" / "serving" / "localhost-main" / "v1_models.json").read_text())
+    records = tmp_path / "artifacts" / "serving" / "localhost-main"
+    models = json.loads((records / "v1_models.json").read_text())
     chat = json.dumps({"model": models["data"][0]["id"], "max_tokens": 4,
                        "messages": [{"role": "user", "content": "Say hi."}]}).encode()
     with pytest.raises(urllib.error.HTTPError) as unauthorized:

@@ -68,7 +68,8 @@ def _call(app, method: str, path: str, body: bytes, chunks: int = 1) -> tuple[in
     """Runs one request through an ASGI app; the body arrives in `chunks` parts."""
     size = -(-len(body) // chunks) if body else 0
     parts = [body[i : i + size] for i in range(0, len(body), size)] if body else [b""]
-    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
+    messages = [{"type": "http.request", "body": part, "more_body": i < len(parts) - 1}
+                for i, part in enumerate(parts)]
     sent: list[dict] = []
 
     async def receive() -> dict:
@@ -77,9 +78,10 @@ def _call(app, method: str, path: str, body: bytes, chunks: int = 1) -> tuple[in
     async def send(message: dict) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", b"application/json"),
-             (b"content-length", str(len(body)).encode())], "query_string": b"", "http_version": "1.1",
-             "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "root_path": ""}
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "method": method, "path": path, "headers": headers, "query_string": b"",
+             "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+             "root_path": ""}
     asyncio.run(app(scope, receive, send))
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"), sent
