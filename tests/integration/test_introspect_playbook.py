@@ -182,12 +182,14 @@ def test_two_alike_serving_hosts_write_one_facts_file_and_a_second_run_changes_n
     once, so a second run changes nothing (each host used to write its own over the other's)."""
     inventory = _two_serving_hosts(tmp_path, demo_model_dir, {})
     first = run_playbook("playbooks/introspect.yml", inventory=inventory, timeout=600)
-    assert first.counts("serve-a")["failed"] == 0 and first.counts("serve-b")["failed"] == 0, first.output[-4000:]
+    for host in ("serve-a", "serve-b"):
+        assert first.counts(host)["failed"] == 0, first.output[-4000:]
     facts = json.loads((tmp_path / "artifacts" / "model_facts.json").read_text())
     assert facts["host"] == "serve-a"
     second = run_playbook("playbooks/introspect.yml", inventory=inventory, timeout=600)
     for host in ("serve-a", "serve-b"):
-        assert (second.counts(host)["changed"], second.counts(host)["failed"]) == (0, 0), second.output[-4000:]
+        counts = second.counts(host)
+        assert (counts["changed"], counts["failed"]) == (0, 0), second.output[-4000:]
 
 
 def test_serving_hosts_that_plan_differently_are_refused_naming_the_host(
