@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test, in the least wall-clock time this machine allows (`make test`, and so CI), in two lanes:
-#   - background: the tests in LXC containers of their own (marker `lxc`): the molecule scenarios, and beside
-#     them, in containers of its own, the GPU container and weights roles between containers (both mostly
-#     wait on containers booting, apt and SSH); then the unit tests and the provisioning tests (venvs built in
+#   - background: the tests in LXC containers of their own (marker `lxc`): the molecule scenario `serve`, and
+#     beside it the scenario `default` then the GPU container and weights roles between containers (each in
+#     containers of its own; they mostly wait on containers booting, apt and SSH); then the unit tests and the
+#     provisioning tests (venvs built in
 #     temporary directories from copied locks), then the train stage and Mooncake tests, end-to-end ones
 #     included (offline, rolling and online training runs, each in a work directory of its own, on free
 #     loopback ports; they share the Mooncake venv, so they stay in one lane), and the serve role's
@@ -23,8 +24,10 @@ lxc_log="$logs/background.log"
 background_tests=(tests/integration/test_train_stage.py tests/integration/test_train_online.py
                   tests/integration/test_mooncake_master.py tests/integration/test_capture_server.py
                   tests/integration/test_serve_role.py)
-# Runs beside the molecule scenarios: its containers, key and ports are its own.
-beside_molecule=tests/e2e/test_gpu_container_and_weights_lxc.py
+# Run one after the other beside the molecule scenario `serve` (the longest): their containers, wheelhouses
+# and ports are their own, and what they share on the controller (the SSH key, the demo model, the regen
+# wheel) is made under a lock or renamed into place.
+beside_serve=(tests/e2e/test_gpu_container_and_weights_lxc.py "tests/e2e/test_molecule.py::test_molecule_scenario_on_lxc[default]")
 not_background=()
 for t in "${background_tests[@]}"; do not_background+=(--ignore="$t"); done
 
@@ -35,12 +38,12 @@ set -- --durations=15 "$@"
   # lxc, debootstrap, the bridge and the cached root filesystem, once, before two runs could race to install
   # them (the tests say why when this fails, e.g. without root).
   scripts/lxc-test-host.sh rootfs >/dev/null 2>&1
-  pytest -m "lxc" "$beside_molecule" "$@" >"$logs/lxc-beside-molecule.log" 2>&1 &
+  pytest -m "lxc" "${beside_serve[@]}" "$@" >"$logs/lxc-beside-serve.log" 2>&1 &
   beside=$!
-  pytest -m "lxc" --ignore="$beside_molecule" "$@"
+  pytest -m "lxc" --ignore="${beside_serve[0]}" --deselect "${beside_serve[1]}" "$@"
   lxc=$?
   wait "$beside" || lxc=1
-  cat "$logs/lxc-beside-molecule.log"
+  cat "$logs/lxc-beside-serve.log"
   pytest tests/unit tests/integration/test_provision.py -m "not e2e" "$@"
   unit=$?
   pytest "${background_tests[@]}" -m "not lxc" "$@"

@@ -301,9 +301,10 @@ def _boot_of(host) -> str | None:
 
 def test_a_reboot_of_the_serving_container_mid_run_costs_only_the_requests_in_flight(host, generator) -> None:
     """Issue 28, item 5: host A, the whole container, restarts hard (`systemctl reboot --force`: no orderly
-    stop) while host B's job is generating. The server is frozen first, so the demo model's speed cannot let
-    the job finish before the restart, and killed mid-request. systemd starts the enabled unit
-    again at boot; B's job meets the outage, holds its records, and goes on when the server is back.
+    stop) while host B's job is generating through the router on A. A's server is frozen first, so the demo
+    model's speed cannot let the job finish before the restart, and killed mid-request. systemd starts the
+    enabled units (server and router) again at boot; B's job meets the outage, holds its records, and goes
+    on when the router is back.
     Nothing is doubled, and what is lost is at most what was in flight (records that spent their retries
     during the outage, which the next run generates)."""
     concurrency = 1
@@ -349,6 +350,8 @@ def test_a_reboot_of_the_serving_container_mid_run_costs_only_the_requests_in_fl
         while _boot_of(host) in (booted, None):
             assert time.monotonic() < deadline, "the container did not come back within 180 s"
             time.sleep(1)
+        # The restart came mid-run: the job was still generating when A was back.
+        assert first.poll() is None, "the job ended before the container came back"
         output, _ = first.communicate(timeout=900)
     finally:
         if first.poll() is None:
@@ -356,8 +359,9 @@ def test_a_reboot_of_the_serving_container_mid_run_costs_only_the_requests_in_fl
     status = json.loads(generator.check_output(f"cat {work}/completions/status.json"))
     assert host.service(UNIT).is_running  # started again by systemd at boot
     seen = {key: status[key] for key in ("done", "failed", "requests", "retries", "outage_s", "endpoints")}
-    # The job met the restart mid-run: requests to A failed and were retried.
-    assert status["endpoints"][0]["errors"] > 0 and status["retries"] > 0, (seen, output[-3000:])
+    # How the job meets the restart depends on where its request is: one the router had sent to A's server
+    # is sent again to A2 when that server dies; one sent while A is down fails and is retried, or waits in
+    # connect() until A (and its router) are back. Either way nothing is lost or doubled (below).
     # In flight: the job holds twice its concurrency of records (those waiting out a backoff hold no slot).
     assert status["failed"] <= 2 * concurrency, (seen, output[-3000:])
     if first.returncode != 0:
