@@ -2,9 +2,10 @@
 with converge, idempotence and testinfra verification:
 
 - `default`: the provisioning playbook, then the Mooncake master under systemd (molecule/default/README.md);
-- `serve`: provision, introspect, prompts, serve and generate on two containers, the model server running
-  as a systemd unit on one and the generation job on the other, through its address with the API key, then
-  teardown and the serve stage's "leave a stopped server stopped" path (molecule/serve/README.md).
+- `serve`: provision, introspect, prompts, serve and generate on three containers, a model server running
+  as a systemd unit on two of them behind sglang-router and the generation job on the third, through the
+  router with the API key, then teardown, the serve stage's "leave a stopped server stopped" path, and a
+  serving container restarted and one stopped mid-run (molecule/serve/README.md).
 
 The scenario installs what it needs itself (lxc, debootstrap, the lxcbr0 bridge) through
 scripts/lxc-test-host.sh; LXC system containers need root, so this test says so instead of skipping.
