@@ -1,5 +1,5 @@
-"""playbooks/teardown.yml (`make stop`) stops the online training stack (issue 25) and the trainings the
-launcher supervises (issue 28, item 6) too.
+"""playbooks/teardown.yml (`make stop`) stops the online training stack (issue 25), the trainings the
+launcher supervises and the capture servers on hosts of their own (`regen_capture`; issue 28, item 6) too.
 
 Before, teardown stopped only the router and the model servers, and the capture server and the Mooncake
 master (both without authentication) kept running. Real parts: ansible-playbook runs the teardown play on
@@ -8,7 +8,9 @@ master" are fault-injection stand-ins, named so: Python's http.server processes 
 regen.serving.supervisor under the names and state directories the capture_server and mooncake_master
 roles use, so teardown finds them exactly as it finds the real ones. The "trainer" is another stand-in (a
 sleeping Python process) started by the real launcher (regen.training.launcher start, process mode) with its
-status where the train stage keeps a run's (drafter/runs/<run id>/status.json).
+status where the train stage keeps a run's (drafter/runs/<run id>/status.json). A second inventory host,
+`capture-host` (group `regen_capture`, its own work directory; local connection, as another machine's would
+be SSH), runs a capture server stand-in where role capture_server keeps it there.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from regen import procs
 from regen.serving import supervisor
@@ -69,7 +73,14 @@ def test_teardown_stops_the_trainings_the_capture_server_and_the_mooncake_master
         "regen_job_python": sys.executable,
     }
     inventory = localhost_inventory(tmp_path / "inventory.yml", groups=("regen_train",), variables=variables)
+    document = yaml.safe_load(inventory.read_text())
+    capture_work = tmp_path / "work-capture"
+    document["all"]["hosts"]["capture-host"] = {
+        **document["all"]["hosts"]["localhost"], "regen_work_dir": str(capture_work)}
+    document["all"]["children"]["regen_capture"] = {"hosts": {"capture-host": None}}
+    inventory.write_text(yaml.safe_dump(document))
     running = {
+        "capture on capture-host": _stand_in(capture_work / "capture", "capture"),
         "capture": _stand_in(work / "drafter" / "capture", "capture"),
         "mooncake-master": _stand_in(work / "mooncake", "mooncake-master"),
         "mooncake-metadata": _stand_in(work / "mooncake", "mooncake-metadata"),
@@ -85,11 +96,13 @@ def test_teardown_stops_the_trainings_the_capture_server_and_the_mooncake_master
         assert "changed: [localhost] => (item=regen-train-0123456789ab)" in run.output, run.output[-4000:]
         assert "TASK [capture_server : Stop the supervised process]" in run.output
         assert counts["changed"] >= 3, run.output[-4000:]
+        assert run.counts("capture-host")["changed"] == 1 and run.counts("capture-host")["failed"] == 0
         assert not [name for name, pid in running.items() if procs.alive(pid)], run.output[-4000:]
         trainer = work / "drafter" / "runs" / "regen-train-0123456789ab" / "status.json"
         assert json.loads(trainer.read_text())["state"] == "stopped"
         again = run_playbook("playbooks/teardown.yml", inventory=inventory, env=env, timeout=600)
         assert again.counts("localhost")["changed"] == 0, again.output[-4000:]
+        assert again.counts("capture-host")["changed"] == 0, again.output[-4000:]
     finally:
         for pid in running.values():
             if procs.alive(pid):
