@@ -176,6 +176,13 @@ gpu_count_source:
   description: Where RV(gpu_count) came from (the O(gpu_count) option or nvidia-smi), or why it is unknown.
   returned: always
   type: str
+router_python:
+  description: >-
+    What the check of the router's interpreter found (it imports C(sglang_router), or why it was not
+    checked); a router whose interpreter cannot import it fails the module, naming
+    C(sglang_server_router_python).
+  returned: when O(kind) is C(router)
+  type: str
 """
 
 import os
@@ -203,6 +210,28 @@ def _count_gpus(module):
         module.fail_json(msg="nvidia-smi failed (%s); check the NVIDIA driver on this host"
                          % (proc.stderr.strip() or proc.returncode))
     return len([line for line in proc.stdout.splitlines() if line.strip()]), "nvidia-smi"
+
+
+def _check_router_python(module, python):
+    """Fail, naming the variable, when the router's interpreter cannot import sglang_router.
+
+    sglang[all] does not pull sglang-router in: a serving venv built from an older lock has SGLang and no
+    router, and the router's unit would die at its first line. Check mode on a host whose venv does not exist
+    yet (the provision stage would build it) passes, saying so in the result."""
+    found = python if os.path.isabs(python) else shutil.which(python)
+    remedy = ("set sglang_server_router_python to an interpreter with sglang-router 0.3.2 (it is in "
+              "envs/serving.lock and envs/demo-serving.lock; sglang[all] does not install it)")
+    if not found or not os.path.exists(found):
+        if module.check_mode:
+            return f"not checked: {python} does not exist yet (check mode)"
+        module.fail_json(msg=f"the router's python {python} does not exist on this host; run the provision "
+                         f"stage, or {remedy}")
+    proc = subprocess.run([found, "-c", "import sglang_router"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        module.fail_json(msg=f"the router's python {python} cannot import sglang_router ({why}): run the "
+                         f"provision stage again, or {remedy}")
+    return "imports sglang_router"
 
 
 def main():
@@ -241,6 +270,7 @@ def main():
     result = {"changed": False, "gpu_count": None, "gpu_count_source": None}
     try:
         if p["kind"] == "router":
+            result["router_python"] = _check_router_python(module, p["python"])
             plan = plan_router({
                 "python": p["python"], "worker_urls": p["worker_urls"], "policy": p["policy"],
                 "host": p["host"], "port": p["port"], "api_key_set": api_key_set,

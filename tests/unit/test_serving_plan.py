@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -366,3 +367,40 @@ def test_the_planned_kv_cache_dtype_reaches_the_line_and_an_empty_override_keeps
     argv = rs.plan_server(_spec(facts=facts))["argv"]
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
     assert "--kv-cache-dtype" not in rs.plan_server(_spec())["argv"]  # facts from before: SGLang's auto
+
+
+# --- the router's interpreter
+
+
+def _router_args(python: str) -> dict:
+    return {"kind": "router", "python": python, "worker_urls": ["http://10.0.0.1:30000", "http://10.0.0.2:30000"],
+            "host": "10.0.0.1", "api_key": "router-key-5e1f"}
+
+
+def test_a_router_python_without_sglang_router_is_refused_naming_the_variable(tmp_path, capsys):
+    # This interpreter (the controller's venv) has no sglang_router, as a serving venv from an older lock.
+    result = _run_module(_router_args(sys.executable), capsys)
+    assert result["failed"] and "cannot import sglang_router" in result["msg"]
+    assert "sglang_server_router_python" in result["msg"] and "envs/serving.lock" in result["msg"]
+
+
+def test_a_router_python_that_does_not_exist_fails_except_in_check_mode(tmp_path, capsys):
+    missing = str(tmp_path / "venv" / "bin" / "python")
+    result = _run_module(_router_args(missing), capsys)
+    assert result["failed"] and "does not exist on this host" in result["msg"]
+    result = _run_module({**_router_args(missing), "_ansible_check_mode": True}, capsys)
+    assert not result.get("failed") and result["router_python"].startswith("not checked")
+    assert result["plan"]["argv"][0] == missing
+
+
+def test_a_router_python_with_sglang_router_plans(tmp_path, capsys):
+    # A stand-in interpreter whose sglang_router imports (fault-injection stub: a package of that name).
+    package = tmp_path / "site" / "sglang_router"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'site'} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    result = _run_module(_router_args(str(python)), capsys)
+    assert not result.get("failed"), result
+    assert result["router_python"] == "imports sglang_router"
