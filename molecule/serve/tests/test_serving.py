@@ -42,6 +42,8 @@ KEY = "molecule-serve-key-7d41e0"  # regen_api_key in molecule.yml
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 EPHEMERAL = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"))
 INVENTORY = Path(os.environ.get("MOLECULE_INVENTORY_FILE", "/nonexistent"))
+# The stages a generation run on B is made of (the last tests run them again, mid-fault).
+STAGES = [str(PROJECT / "playbooks" / name) for name in ("prompts.yml", "generate.yml")]
 
 
 @pytest.fixture(scope="module")
@@ -299,6 +301,25 @@ def _boot_of(host) -> str | None:
     return result.stdout.strip() if result.rc == 0 else None
 
 
+def _start_generation(generator, work: str, concurrency: int) -> tuple[subprocess.Popen, dict]:
+    """The prompts and generate stages run again on B, 48 prompts into `work` (from nothing), in the
+    background: (the ansible-playbook process, the extra variables it was given)."""
+    extra = {
+        "prompt_data_output_dir": f"{work}/prompts",
+        "prompt_data_sample": 48,
+        "completions_output_dir": f"{work}/completions",
+        "completions_concurrency": concurrency,
+        "completions_max_tokens": 64,
+        "completions_poll_interval_s": 1,
+    }
+    generator.run(f"rm -rf {work}")
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY.parent), *STAGES,
+               "-e", json.dumps(extra)]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return run, extra
+
+
 def test_a_reboot_of_the_serving_container_mid_run_costs_only_the_requests_in_flight(host, generator) -> None:
     """Issue 28, item 5: host A, the whole container, restarts hard (`systemctl reboot --force`: no orderly
     stop) while host B's job is generating through the router on A. A's server is frozen first, so the demo
@@ -309,23 +330,10 @@ def test_a_reboot_of_the_serving_container_mid_run_costs_only_the_requests_in_fl
     during the outage, which the next run generates)."""
     concurrency = 1
     work = "/root/regen/reboot"
-    extra = {
-        "prompt_data_output_dir": f"{work}/prompts",
-        "prompt_data_sample": 48,
-        "completions_output_dir": f"{work}/completions",
-        "completions_concurrency": concurrency,
-        "completions_max_tokens": 64,
-        "completions_poll_interval_s": 1,
-    }
     assert host.service(UNIT).is_enabled
-    generator.run(f"rm -rf {work}")  # a run of its own, from nothing
     booted = _boot_of(host)
     assert booted
-    stages = [str(PROJECT / "playbooks" / name) for name in ("prompts.yml", "generate.yml")]
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
-    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY.parent), *stages,
-               "-e", json.dumps(extra)]
-    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first, extra = _start_generation(generator, work, concurrency)
     try:
         # Once B's job is generating, freeze the server (SIGSTOP): the job cannot finish before the restart,
         # however fast the demo model answers, and its request to A is in flight when A goes down.
@@ -365,7 +373,7 @@ def test_a_reboot_of_the_serving_container_mid_run_costs_only_the_requests_in_fl
     assert status["failed"] <= 2 * concurrency, (seen, output[-3000:])
     if first.returncode != 0:
         assert status["failed"] > 0, output[-3000:]  # a failed run names its failed records
-        second = playbook(*stages, "-e", json.dumps(extra))
+        second = playbook(*STAGES, "-e", json.dumps(extra))
         assert second.returncode == 0, second.stdout[-3000:]
         status = json.loads(generator.check_output(f"cat {work}/completions/status.json"))
     records = [json.loads(line) for line in
@@ -389,27 +397,14 @@ def test_a_serving_container_stopped_mid_run_behind_the_router_loses_and_doubles
     finishes in the same run, with every prompt answered once."""
     concurrency = 2
     work = "/root/regen/scale-out"
-    extra = {
-        "prompt_data_output_dir": f"{work}/prompts",
-        "prompt_data_sample": 48,
-        "completions_output_dir": f"{work}/completions",
-        "completions_concurrency": concurrency,
-        "completions_max_tokens": 64,
-        "completions_poll_interval_s": 1,
-    }
     # The previous test restarted A: its server and the router came back at boot.
     deadline = time.monotonic() + 180
     while not (host.service(UNIT).is_running and host.service(ROUTER_UNIT).is_running
                and server2.service(UNIT).is_running):
         assert time.monotonic() < deadline, "the servers and the router are not all running"
         time.sleep(2)
-    generator.run(f"rm -rf {work}")
     served_by_a = served_requests(host)
-    stages = [str(PROJECT / "playbooks" / name) for name in ("prompts.yml", "generate.yml")]
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
-    command = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(INVENTORY.parent), *stages,
-               "-e", json.dumps(extra)]
-    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run, _ = _start_generation(generator, work, concurrency)
     try:
         deadline = time.monotonic() + 300
         done_before = 0
