@@ -5,8 +5,9 @@ local, CPU profile), the role starts `transformers serve` on the demo model on a
 machine has no systemd, so under the process supervisor), waits on /v1/models, records the server's
 answers, and the test asks the server for a chat completion. A second run must report changed=0 and
 keep the same process; check mode changes nothing; teardown frees the port. The failure tests inject one
-fault each (a flag the server rejects, a port another process holds). The two full lifecycles (seven and
-three playbook runs, about 1.5 min each on two busy cores) are marked e2e.
+fault each (a flag the server rejects, a port another process holds). The full lifecycle (seven playbook
+runs, about 1.5 min on two busy cores) is marked e2e. sglang-router in front of servers runs in the
+molecule scenario `serve` (two servers on containers of their own, one stopped mid-run).
 """
 
 from __future__ import annotations
@@ -276,110 +277,6 @@ def test_systemd_unit_rendered_in_check_mode(tmp_path: Path, demo_model_dir: Pat
     ):
         assert line in unit, text
     assert not (tmp_path / "units").exists() and not (tmp_path / "work" / "serving" / "main.env").exists()
-
-
-@pytest.mark.e2e
-def test_router_in_front_of_the_server(tmp_path: Path, demo_model_dir: Path, teardown_after) -> None:
-    """A real sglang-router 0.3.2 process (from the throwaway venv of test_serving_argv.py) started by the
-    role's router entry point in front of the demo server: it must come up on /health, route /v1/models and
-    a chat completion to the worker (the router adds SGLang's own request fields, which regen's launcher of
-    `transformers serve` takes out), ask clients for the key, stay untouched on a second run, and stop on
-    teardown.
-
-    With a router API key (the CPU server itself takes none), the key must not be on the router's command
-    line (/proc/PID/cmdline, what `ps` shows) but in its environment from a 0600 file, and every socket
-    the router listens on, its Prometheus metrics included, must bind loopback."""
-    import psutil
-
-    sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "serving"))
-    from sglang_venv import VenvError, sglang_venv_python
-
-    try:
-        router_python = sglang_venv_python()
-    except VenvError as exc:
-        pytest.fail(str(exc))
-    port, router_port, metrics_port = _free_port(), _free_port(), _free_port()
-    key = "router-e2e-key-8c2d"
-    inventory = _inventory(
-        tmp_path,
-        demo_model_dir,
-        port,
-        sglang_server_router_enabled=True,
-        sglang_server_router_python=str(router_python),
-        sglang_server_router_port=router_port,
-        sglang_server_router_policy="round_robin",
-        sglang_server_router_api_key=key,
-        sglang_server_router_metrics_port=metrics_port,
-    )
-    state = tmp_path / "work" / "serving"
-    output, (_, changed, _, failed) = _play(inventory, "serve.yml")
-    assert failed == 0, output[-5000:]
-    assert key not in output
-    assert "regen-serve-router: started" in output
-    assert re.search(r"router: ready after \d+s \(HTTP 200\)", output), output[-3000:]
-    launch = json.loads((tmp_path / "artifacts" / "serving" / "localhost-router" / "launch.json").read_text())
-    assert key not in json.dumps(launch)
-    assert launch["argv"][1] == "-c" and "parse_router_args" in launch["argv"][2]
-    assert launch["argv"][3:] == [
-        "--worker-urls",
-        f"http://127.0.0.1:{port}",
-        "--policy",
-        "round_robin",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(router_port),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(metrics_port),
-    ]
-    with urllib.request.urlopen(f"http://127.0.0.1:{router_port}/v1/models", timeout=30) as response:
-        assert response.status == 200 and json.loads(response.read())["data"]
-    # The router answers /v1/models itself (its model is "unknown" for a worker without SGLang's
-    # /model_info); the job sends the name the server itself published, as here.
-    records = tmp_path / "artifacts" / "serving" / "localhost-main"
-    models = json.loads((records / "v1_models.json").read_text())
-    chat = json.dumps({"model": models["data"][0]["id"], "max_tokens": 4,
-                       "messages": [{"role": "user", "content": "Say hi."}]}).encode()
-    with pytest.raises(urllib.error.HTTPError) as unauthorized:
-        urllib.request.urlopen(urllib.request.Request(
-            f"http://127.0.0.1:{router_port}/v1/chat/completions", data=chat,
-            headers={"content-type": "application/json"}), timeout=60)
-    assert unauthorized.value.code == 401
-    try:
-        with urllib.request.urlopen(urllib.request.Request(
-                f"http://127.0.0.1:{router_port}/v1/chat/completions", data=chat,
-                headers={"content-type": "application/json", "authorization": f"Bearer {key}"}),
-                timeout=120) as response:
-            answer = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        pytest.fail(f"the router answered {exc.code}: {exc.read()[:2000]!r}")
-    assert answer["choices"][0]["message"]["content"] is not None and answer["usage"]["completion_tokens"] > 0
-    router_pid = int((state / "router.pid").read_text())
-    assert (state / "router.env").stat().st_mode & 0o777 == 0o600
-    processes = [psutil.Process(router_pid), *psutil.Process(router_pid).children(recursive=True)]
-    for proc in processes:
-        assert key not in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode("utf-8", "replace")
-    assert key in Path(f"/proc/{router_pid}/environ").read_bytes().decode("utf-8", "replace")
-    listening = {
-        (conn.laddr.ip, conn.laddr.port)
-        for proc in processes
-        for conn in proc.net_connections(kind="inet")
-        if conn.status == psutil.CONN_LISTEN
-    }
-    assert {("127.0.0.1", router_port), ("127.0.0.1", metrics_port)} <= listening, listening
-    assert all(ip in ("127.0.0.1", "::1") for ip, _ in listening), listening
-
-    output, (_, changed, _, failed) = _play(inventory, "serve.yml")
-    assert (changed, failed) == (0, 0), output[-5000:]
-    assert int((state / "router.pid").read_text()) == router_pid
-
-    output, (_, changed, _, failed) = _play(inventory, "teardown.yml")
-    # Router and server stopped, and each one's recorded state.
-    assert failed == 0 and changed == 4, output[-5000:]
-    assert not _alive(router_pid) and _nobody_listens(router_port) and _nobody_listens(port)
-    assert _nobody_listens(metrics_port)
 
 
 def test_a_known_failure_in_the_server_log_is_named_with_its_fix(
