@@ -3,11 +3,10 @@
 #   - background: the tests in LXC containers of their own (marker `lxc`): the molecule scenario `serve`, and
 #     beside it the scenario `default` then the GPU container and weights roles between containers (each in
 #     containers of its own; they mostly wait on containers booting, apt and SSH); then the unit tests and the
-#     provisioning tests (venvs built in
-#     temporary directories from copied locks), then the train stage and Mooncake tests, end-to-end ones
-#     included (offline, rolling and online training runs, each in a work directory of its own, on free
-#     loopback ports; they share the Mooncake venv, so they stay in one lane), and the serve role's
-#     lifecycles (a model server on a free loopback port, here to even out the lanes' lengths);
+#     provisioning tests (venvs built in temporary directories from copied locks), then the train stage and
+#     Mooncake tests, end-to-end ones included (offline, rolling and online training runs, each in a work
+#     directory of its own, on free loopback ports; they share the Mooncake venv, so they stay in one lane),
+#     and the serve role's lifecycles (a model server on a free loopback port, here to even out the lanes);
 #   - foreground: the other integration tests (real playbook runs on localhost), then the other local
 #     end-to-end runs.
 # The lanes share no port, directory or process: the containers have their own network namespace, unit
