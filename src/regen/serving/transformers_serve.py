@@ -184,11 +184,8 @@ class BearerKeyMiddleware:
             headers = dict(scope.get("headers") or [])
             authorization = headers.get(b"authorization", b"").decode("latin-1") or None
             if not request_allowed(scope["method"], scope["path"], authorization, self._api_key):
-                body = json.dumps({"error": "Unauthorized: send the API key as 'Authorization: Bearer KEY'"})
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"www-authenticate", b"Bearer")]})
-                await send({"type": "http.response.body", "body": body.encode()})
+                refusal = {"error": "Unauthorized: send the API key as 'Authorization: Bearer KEY'"}
+                await _send_json(send, 401, refusal, [(b"www-authenticate", b"Bearer")])
                 return
         await self.app(scope, receive, send)
 
@@ -284,9 +281,10 @@ def _replay(messages: list[dict], then: Any = None) -> Any:
     return receive
 
 
-async def _send_json(send: Any, status: int, payload: dict) -> None:
+async def _send_json(send: Any, status: int, payload: dict, headers: list | tuple = ()) -> None:
+    """An ASGI JSON answer that never reaches transformers (a refusal of the middlewares here)."""
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})
+                "headers": [(b"content-type", b"application/json"), *headers]})
     await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
 
 
