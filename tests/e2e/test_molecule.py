@@ -1,7 +1,9 @@
 """`molecule test` of each scenario against a real LXC container (systemd Debian) standing in for CT200,
 with converge, idempotence and testinfra verification:
 
-- `default`: the provisioning playbook, then the Mooncake master under systemd (molecule/default/README.md);
+- `default`: the provisioning playbook, then the Mooncake master under systemd on the stand-in's bridge
+  address, and the firewall stage admitting a capture container to it and keeping a third one out
+  (molecule/default/README.md);
 - `serve`: provision, introspect, prompts, serve and generate on three containers, a model server running
   as a systemd unit on two of them behind sglang-router and the generation job on the third, through the
   router with the API key, then teardown, the serve stage's "leave a stopped server stopped" path, and a
@@ -30,7 +32,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.lxc]
 
 
 # scenario -> its platforms (molecule/<scenario>/molecule.yml); a container is <platform>-<checkout hash>.
-SCENARIOS = {"default": ("ct200-standin",), "serve": ("ct200-serve", "ct200-serve2", "ct200-gen")}
+SCENARIOS = {
+    "default": ("ct200-standin", "ct200-capture", "ct200-outsider"),
+    "serve": ("ct200-serve", "ct200-serve2", "ct200-gen"),
+}
 
 
 @pytest.mark.timeout(1500)

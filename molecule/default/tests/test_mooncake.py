@@ -2,7 +2,8 @@
 
 converge ran playbooks/mooncake.yml: the Debian libraries came from apt inside the container, the venv
 from the plain build's wheelhouse (offline), and mooncake_master with Mooncake's HTTP metadata server run
-as the systemd units regen-mooncake-master and regen-mooncake-metadata on 127.0.0.1. These tests look at
+as the systemd units regen-mooncake-master and regen-mooncake-metadata on the container's address on the
+bridge (another container, ct200-capture, uses the master: tests/test_firewall.py). These tests look at
 the units, the sockets (as the kernel reports them) and the servers' answers inside the container, then
 re-run the playbook with a port another process holds and with a wildcard address (both refused, the
 running master untouched), and last stop it (twice: the second run changes nothing).
@@ -49,6 +50,12 @@ def _main_pid(host, unit: str) -> int:
     return int(host.check_output(f"systemctl show -p MainPID --value {unit}"))
 
 
+@pytest.fixture(scope="module")
+def address(host) -> str:
+    """The stand-in's address on the containers' bridge: mooncake_master_bind_address in molecule.yml."""
+    return host.ansible.get_variables()["ansible_host"]
+
+
 def _listening(host) -> set[tuple[str, int, int]]:
     """(address, port, pid) of every TCP listener in the container, from `ss -ltnpH`."""
     found = set()
@@ -87,51 +94,51 @@ def test_system_libraries_came_from_apt(host) -> None:
     assert "libibverbs.so.1 => /" in ldd
 
 
-def test_units_run_and_are_enabled(host) -> None:
+def test_units_run_and_are_enabled(host, address) -> None:
     for unit in UNITS:
         service = host.service(unit)
         assert service.is_running and service.is_enabled, unit
     unit_file = host.file("/etc/systemd/system/regen-mooncake-master.service").content_string
     assert "Restart=on-failure" in unit_file and "LimitNOFILE=65536" in unit_file
-    assert "--rpc_address=127.0.0.1 --rpc_port=50051 --metrics_host=127.0.0.1" in unit_file
+    assert f"--rpc_address={address} --rpc_port=50051 --metrics_host={address}" in unit_file
     master = _main_pid(host, "regen-mooncake-master")
     assert host.check_output(f"readlink /proc/{master}/exe").endswith("/mooncake/mooncake_master")
 
 
-def test_every_listener_is_on_loopback(host) -> None:
+def test_every_listener_is_on_the_bind_address(host, address) -> None:
     pids = {_main_pid(host, unit) for unit in UNITS}
     ours = {(address, port) for address, port, pid in _listening(host) if pid in pids}
-    assert ours == {("127.0.0.1", port) for port in PORTS.values()}, ours
+    assert ours == {(address, port) for port in PORTS.values()}, ours
 
 
-def test_metadata_server_stores_what_a_transfer_engine_puts(host) -> None:
-    url = f"http://127.0.0.1:{PORTS['http']}/metadata?key=regen-verify"
+def test_metadata_server_stores_what_a_transfer_engine_puts(host, address) -> None:
+    url = f"http://{address}:{PORTS['http']}/metadata?key=regen-verify"
     assert _get(host, url) == (404, "metadata not found")
     assert _get(host, url, "PUT", '{"segment": "verify"}') == (200, "metadata updated")
     assert _get(host, url) == (200, '{"segment": "verify"}')
     assert _get(host, url, "DELETE") == (200, "metadata deleted")
-    assert _get(host, f"http://127.0.0.1:{PORTS['metrics']}/health")[0] == 200
+    assert _get(host, f"http://{address}:{PORTS['metrics']}/health")[0] == 200
 
 
 @pytest.fixture
-def stranger_on_a_port(host):
-    """A real listener on 127.0.0.1:18080 inside the container, gone afterwards."""
+def stranger_on_a_port(host, address):
+    """A real listener on the bind address, port 18080, inside the container, gone afterwards."""
     host.run(
         "systemd-run --unit regen-verify-stranger --collect "
-        "python3 -m http.server 18080 --bind 127.0.0.1 --directory /tmp"
+        f"python3 -m http.server 18080 --bind {address} --directory /tmp"
     )
     host.run("for i in $(seq 50); do ss -ltnH 'sport = :18080' | grep -q LISTEN && break; sleep 0.1; done")
     yield _main_pid(host, "regen-verify-stranger")
     host.run("systemctl stop regen-verify-stranger")
 
 
-def test_a_taken_port_is_refused_with_its_owner(host, stranger_on_a_port) -> None:
+def test_a_taken_port_is_refused_with_its_owner(host, address, stranger_on_a_port) -> None:
     before = _main_pid(host, "regen-mooncake-master")
     result = _playbook("-e", "mooncake_master_http_metadata_port=18080")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-3000:]
     expected = (
-        "port 18080 on 127.0.0.1 (HTTP metadata port of the Mooncake master) is already in use by "
+        f"port 18080 on {address} (HTTP metadata port of the Mooncake master) is already in use by "
         f"pid {stranger_on_a_port} python3"
     )
     assert expected in output, output[-3000:]
