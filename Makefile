@@ -28,7 +28,7 @@ sweep: bootstrap ## measure serving layouts on $(INVENTORY) -> artifacts/sweep/r
 stop: bootstrap ## stop what the pipeline left running (model servers, router, trainings, online stack)
 	ansible-playbook -i $(INVENTORY) playbooks/teardown.yml
 
-test: bootstrap lint ## every check: lint, unit + integration tests, end-to-end runs (molecule alongside)
+test: bootstrap ## every check: lint, unit + integration tests, end-to-end runs (lint and molecule alongside)
 	@scripts/test-all.sh $(PYTEST_ARGS)
 
 lint: bootstrap ## ruff, yamllint, ansible-lint (production profile)

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every test, in the least wall-clock time this machine allows (`make test`, and so CI), in two lanes:
+# Every check, in the least wall-clock time this machine allows (`make test`, and so CI): `make lint` beside
+# the start of the tests (a minute of CPU while the background lane mostly waits on apt and containers
+# booting; it reads only tracked files and the tests write only ignored ones), and the tests in two lanes:
 #   - background: the tests in LXC containers of their own (marker `lxc`): the molecule scenario `serve`, and
 #     beside it the scenario `default` then the GPU container and weights roles between containers (each in
 #     containers of its own; they mostly wait on containers booting, apt and SSH); then the unit tests and the
@@ -31,6 +33,8 @@ not_background=()
 for t in "${background_tests[@]}"; do not_background+=(--ignore="$t"); done
 
 started=$(date +%s)
+make --no-print-directory lint >"$logs/lint.log" 2>&1 &
+lint_pid=$!
 # The slowest tests of each part are listed at its end: where the suite's time goes, run after run.
 set -- --durations=15 "$@"
 (
@@ -52,9 +56,10 @@ set -- --durations=15 "$@"
 ) >"$lxc_log" 2>&1 &
 lxc_pid=$!
 # A Ctrl-C or a CI timeout stops the background lane too, so no molecule run outlives this script.
-trap 'pkill -TERM -P "$lxc_pid" 2>/dev/null; kill -TERM "$lxc_pid" 2>/dev/null; wait "$lxc_pid" 2>/dev/null; exit 130' INT TERM
+trap 'kill -TERM "$lint_pid" 2>/dev/null; pkill -TERM -P "$lxc_pid" 2>/dev/null; kill -TERM "$lxc_pid" 2>/dev/null; wait "$lxc_pid" 2>/dev/null; exit 130' INT TERM
 echo "== background lane (LXC container tests, unit and provisioning tests, train stage + Mooncake + serve role) started: $lxc_log"
 
+echo "== lint started beside the tests: $logs/lint.log"
 echo "== integration tests but provisioning (not e2e)"
 pytest tests --ignore=tests/unit --ignore=tests/integration/test_provision.py "${not_background[@]}" -m "not e2e" "$@"
 fast=$?
@@ -65,7 +70,11 @@ local_e2e=$?
 echo "== waiting for the background lane"
 wait "$lxc_pid"
 lxc=$?
+wait "$lint_pid"
+lint=$?
 trap - INT TERM
+echo "== lint (ruff, yamllint, ansible-lint)"
+cat "$logs/lint.log"
 cat "$lxc_log"
-echo "== results after $(( $(date +%s) - started )) s: integration exit $fast, local e2e exit $local_e2e, background lane (LXC containers, unit, provisioning, train stage + Mooncake + serve role) exit $lxc"
-[ "$fast" -eq 0 ] && [ "$local_e2e" -eq 0 ] && [ "$lxc" -eq 0 ]
+echo "== results after $(( $(date +%s) - started )) s: lint exit $lint, integration exit $fast, local e2e exit $local_e2e, background lane (LXC containers, unit, provisioning, train stage + Mooncake + serve role) exit $lxc"
+[ "$lint" -eq 0 ] && [ "$fast" -eq 0 ] && [ "$local_e2e" -eq 0 ] && [ "$lxc" -eq 0 ]
