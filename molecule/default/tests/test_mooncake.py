@@ -107,7 +107,7 @@ def test_units_run_and_are_enabled(host, address) -> None:
 
 def test_every_listener_is_on_the_bind_address(host, address) -> None:
     pids = {_main_pid(host, unit) for unit in UNITS}
-    ours = {(address, port) for address, port, pid in _listening(host) if pid in pids}
+    ours = {(bound, port) for bound, port, pid in _listening(host) if pid in pids}
     assert ours == {(address, port) for port in PORTS.values()}, ours
 
 
