@@ -94,7 +94,18 @@ def run_main(
     global _OWN_PROCESS
     _OWN_PROCESS = _OWN_PROCESS or own_process
     try:
-        return main(argv)
+        try:
+            return main(argv)
+        except Exception as exc:
+            interrupt = interrupt_behind(exc)
+            if interrupt is None:
+                raise
+            # A signal's exception is raised wherever the main thread is, including inside the standard
+            # library's own bookkeeping (threading's locks, asyncio's executor), whose unwinding can then
+            # fail with an error of its own ("release unlocked lock"). The run was stopped by the signal:
+            # that is what it reports, not a crash; the secondary error is kept for --log-level debug.
+            log.debug("an error while unwinding after a signal", exc_info=exc)
+            raise interrupt from None
     except JobError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _fail_status_files(str(exc), exc.exit_code)
@@ -115,6 +126,18 @@ def run_main(
         return EXIT_OUTPUT
     except Exception as exc:  # the last line of defence: report, never pass silently
         return _crashed(exc)
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (`Terminated`) that `exc` was raised while handling, if any."""
+    seen: set[int] = set()
+    context: BaseException | None = exc
+    while context is not None and id(context) not in seen:
+        if isinstance(context, KeyboardInterrupt):
+            return context
+        seen.add(id(context))
+        context = context.__context__
+    return None
 
 
 def _crashed(exc: BaseException) -> int:
