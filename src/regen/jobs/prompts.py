@@ -50,6 +50,7 @@ import os
 import re
 import sys
 import time
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +104,7 @@ PROMPT_KEYS = ("prompt", "instruction", "question", "query", "input", "text")
 SYSTEM_KEYS = ("system", "system_prompt")
 ID_KEYS = ("id", "uuid", "conversation_id", "_id", "idx")
 MAX_ID_LENGTH = 256
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 REJECT_EXCERPT = 400
 
 
@@ -133,13 +135,21 @@ def _text(value: Any, where: str) -> str:
     raise Reject(f"{where} has content of type {type(value).__name__}, expected text")
 
 
+def _first_key(row: dict, candidates: tuple[str, ...]) -> str | None:
+    # a plain loop: a generator per field per row is a measurable share of a million-row build
+    for key in candidates:
+        if key in row:
+            return key
+    return None
+
+
 def _pick(row: dict, mapping: dict, name: str, candidates: tuple[str, ...]) -> str | None:
     key = mapping.get(name)
     if key is not None:
         if key not in row:
             raise Reject(f"mapped field {name}={key!r} is missing from the row (fields: {sorted(row)[:12]})")
         return key
-    return next((k for k in candidates if k in row), None)
+    return _first_key(row, candidates)
 
 
 def row_category(row: Any) -> str | None:
@@ -169,8 +179,8 @@ def normalize_conversation(row: Any, mapping: dict[str, str] | None = None) -> l
             where = f"turn {i}"
             if not isinstance(turn, dict):
                 raise Reject(f"{where} is a {type(turn).__name__}, expected an object with role and content")
-            rkey = mapping.get("role_key") or next((k for k in ROLE_KEYS if k in turn), None)
-            ckey = mapping.get("content_key") or next((k for k in CONTENT_KEYS if k in turn), None)
+            rkey = mapping.get("role_key") or _first_key(turn, ROLE_KEYS)
+            ckey = mapping.get("content_key") or _first_key(turn, CONTENT_KEYS)
             if rkey is None or rkey not in turn:
                 raise Reject(f"{where} has no role field (looked for {', '.join(ROLE_KEYS)})")
             raw_role = turn[rkey]
@@ -201,7 +211,7 @@ def normalize_conversation(row: Any, mapping: dict[str, str] | None = None) -> l
         turns.append({"role": "user", "content": text})
 
     # a mapped system field may be absent from some rows: no system turn then
-    skey = mapping.get("system") or next((k for k in SYSTEM_KEYS if k in row), None)
+    skey = mapping.get("system") or _first_key(row, SYSTEM_KEYS)
     if skey is not None and row.get(skey) not in (None, "") and turns[0]["role"] != "system":
         turns.insert(0, {"role": "system", "content": _text(row[skey], f"field {skey!r}")})
     return validate_conversation(turns)
@@ -232,6 +242,8 @@ def validate_conversation(turns: list[dict[str, str]]) -> list[dict[str, str]]:
 def lone_surrogate(rid: str, turns: list[dict[str, str]]) -> str | None:
     """Why a row cannot be kept when its id or a turn holds a lone surrogate (JSON may escape one:
     "\\ud800"), which no UTF-8 file or server takes; None when the row is valid Unicode."""
+    if rid.isascii() and all(t["content"].isascii() for t in turns):
+        return None  # isascii() reads a flag of the string: no encoding of the common row
     for what, text in [("the id", rid)] + [
         (f"turn {i} ({t['role']})", t["content"]) for i, t in enumerate(turns)
     ]:
@@ -278,10 +290,12 @@ def row_id(row: Any, turns: list[dict[str, str]], mapping: dict[str, str], prefi
         rid = f"{prefix}{value}"
         if len(rid) > MAX_ID_LENGTH or "\n" in rid:
             raise Reject(f"id {rid[:40]!r}... is longer than {MAX_ID_LENGTH} characters or has a newline")
-        bad = next((c for c in rid if ord(c) < 32 or ord(c) == 127), None)
+        bad = _CONTROL_CHARACTER.search(rid)
         if bad is not None:
             # a NUL or a control character reads as another id in logs, file names and terminals
-            raise Reject(f"id {rid[:40]!r} holds the control character {bad!r}; ids are printable text")
+            raise Reject(
+                f"id {rid[:40]!r} holds the control character {bad.group()!r}; ids are printable text"
+            )
         return rid
     return f"{prefix}{prompt_key(turns).hex()[:24]}"
 
@@ -666,20 +680,27 @@ class LengthStats:
         self.counter = counter
         self.tokenizer = tokenizer
         self.why_not = why_not
-        self.chars: list[int] = []
-        self.utf8: list[int] = []
-        self.tokens: list[int] = []
-        self.turns: list[int] = []
+        # machine integers (8 bytes a row each), not lists of int objects: a million-row set keeps
+        # every row's lengths until the percentiles are taken at the end
+        self.chars = array("q")
+        self.utf8 = array("q")
+        self.tokens = array("q")
+        self.turns = array("q")
         self._pending: list[list[dict[str, str]]] = []
 
     def add(self, turns: list[dict[str, str]]) -> None:
-        view = prompt_view(turns)
-        text = [t["content"] for t in view]
-        self.chars.append(sum(len(c) for c in text))
-        self.utf8.append(sum(len(c.encode("utf-8", "surrogatepass")) for c in text))
+        # the lengths of prompt_view(turns) without building it: assistant turns count nothing (emptied)
+        chars = utf8 = 0
+        for turn in turns:
+            if turn["role"] != "assistant":
+                content = turn["content"]
+                chars += len(content)
+                utf8 += len(content) if content.isascii() else len(content.encode("utf-8", "surrogatepass"))
+        self.chars.append(chars)
+        self.utf8.append(utf8)
         self.turns.append(generated_turns(turns))
         if self.counter is not None:
-            self._pending.append(view)
+            self._pending.append(prompt_view(turns))
             if len(self._pending) >= self.BATCH:
                 self._flush()
 
@@ -862,7 +883,7 @@ def _build(
 
     rejects = AtomicFile(out / "rejects.jsonl")
     seen_prompts: set[bytes] = set()  # prompt keys already in the set (16 bytes each)
-    seen_ids: dict[bytes, bytes] = {}  # id digest -> prompt key, to tell a duplicate from a clash
+    seen_ids: set[bytes] = set()  # id digests, to tell a duplicate from a clash (16 bytes each)
     global_sampler = _Sampler(sample, seed) if sample else None
     order = 0
 
@@ -891,7 +912,7 @@ def _build(
             )
             return False
         seen_prompts.add(pkey)
-        seen_ids[idd] = pkey
+        seen_ids.add(idd)
         return True
 
     def emit(src: Source, rid: str, turns: list, pkey: bytes, o: int, where: str) -> None:
