@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -126,6 +127,16 @@ def run_main(
         return EXIT_OUTPUT
     except Exception as exc:  # the last line of defence: report, never pass silently
         return _crashed(exc)
+
+
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def control_character(text: str) -> str | None:
+    """The first control character (C0 or DEL) in `text`, None when there is none: an id must not hold
+    one, since a NUL or a control character reads as another id in logs, file names and terminals."""
+    found = _CONTROL_CHARACTER.search(text)
+    return found.group() if found else None
 
 
 def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:

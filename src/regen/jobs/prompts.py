@@ -65,6 +65,7 @@ from ._common import (
     JobError,
     OutputError,
     canonical_json,
+    control_character,
     decode_json_line,
     iter_lines,
     job_parser,
@@ -104,7 +105,6 @@ PROMPT_KEYS = ("prompt", "instruction", "question", "query", "input", "text")
 SYSTEM_KEYS = ("system", "system_prompt")
 ID_KEYS = ("id", "uuid", "conversation_id", "_id", "idx")
 MAX_ID_LENGTH = 256
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 REJECT_EXCERPT = 400
 
 
@@ -290,12 +290,9 @@ def row_id(row: Any, turns: list[dict[str, str]], mapping: dict[str, str], prefi
         rid = f"{prefix}{value}"
         if len(rid) > MAX_ID_LENGTH or "\n" in rid:
             raise Reject(f"id {rid[:40]!r}... is longer than {MAX_ID_LENGTH} characters or has a newline")
-        bad = _CONTROL_CHARACTER.search(rid)
+        bad = control_character(rid)
         if bad is not None:
-            # a NUL or a control character reads as another id in logs, file names and terminals
-            raise Reject(
-                f"id {rid[:40]!r} holds the control character {bad.group()!r}; ids are printable text"
-            )
+            raise Reject(f"id {rid[:40]!r} holds the control character {bad!r}; ids are printable text")
         return rid
     return f"{prefix}{prompt_key(turns).hex()[:24]}"
 

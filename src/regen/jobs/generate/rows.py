@@ -15,6 +15,7 @@ from typing import Any
 
 from regen.jobs._common import (
     JobError,
+    control_character,
     sha256_file,
 )
 from regen.module_utils.regen_net import redact_url
@@ -82,9 +83,8 @@ def parse_prompt_row(obj: Any) -> tuple[str, list[dict[str, str]]]:
     if not seen_user:
         raise BadRow("conversation has no user turn")
     _check_unicode(str(rid), "the id")
-    bad = next((c for c in str(rid) if ord(c) < 32 or ord(c) == 127), None)
+    bad = control_character(str(rid))
     if bad is not None:
-        # a NUL or a control character reads as another id in logs, file names and terminals
         raise BadRow(f"the id {str(rid)[:40]!r} holds the control character {bad!r}; ids are printable text")
     for i, turn in enumerate(out):
         _check_unicode(turn["content"], f"turn {i} ({turn['role']})")
