@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from regen.quality import detector
 from regen.quality.detector import Thresholds, degeneration
-from regen.quality.screen import suspects
+from regen.quality.screen import suspects, suspects_many
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "quality"
 OUTPUTS = json.loads((FIXTURES / "outputs.json").read_text(encoding="utf-8"))
@@ -34,7 +34,7 @@ def exhaustive(text, thresholds=detector.DEFAULT_THRESHOLDS):
 
 
 def test_the_screen_is_in_use():
-    assert detector._screen is suspects
+    assert detector._screen is suspects_many
 
 
 @pytest.mark.parametrize("entry", OUTPUTS["garbage"] + OUTPUTS["good"], ids=lambda e: e["id"])
@@ -161,3 +161,60 @@ def test_the_neighbour_bound_rules_out_prose():
     chars = np.frombuffer(prose.encode("utf-32-le"), dtype="<u4")
     assert not screen._may_hold_a_majority(chars, detector.DEFAULT_THRESHOLDS.char_share)
     assert screen._may_hold_a_majority(np.array([7] * 60 + [1, 2] * 20, dtype=np.uint8), 0.6)
+
+
+# ---------------------------------------------------------------------------- batches (suspects_many)
+# The generation job's judge screens the answers of a batch at once (one concatenation): nothing about a
+# text may depend on the texts beside it, in the same batch or split across batches.
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32), st.sampled_from([1, 64, 700, 1 << 18]))
+def test_a_batch_finds_what_each_text_finds_alone(seed, batch_chars):
+    from regen.quality import screen
+
+    rng = random.Random(seed)
+    texts = [_random_text(rng) for _ in range(rng.randint(1, 12))]
+    texts += ["", "   \n\t", None, rng.choice(OUTPUTS["garbage"])["text"]]
+    rng.shuffle(texts)
+    saved, screen.BATCH_CHARS = screen.BATCH_CHARS, batch_chars
+    try:
+        assert detector.degeneration_many(texts) == [exhaustive(text) for text in texts]
+        shaped = [text for text in texts if text and not text.isspace()]
+        assert suspects_many(shaped, detector.DEFAULT_THRESHOLDS) == [
+            suspects(text, detector.DEFAULT_THRESHOLDS) for text in shaped
+        ]
+    finally:
+        screen.BATCH_CHARS = saved
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.text(alphabet=st.sampled_from([*"ab .-\n", "é", "—"]), min_size=1, max_size=120), max_size=8)
+)
+def test_a_batch_of_loops_and_repeats_keeps_each_texts_findings(texts):
+    # few distinct tokens and tight thresholds: runs and repeats at every lag, next to each other in the
+    # concatenation; a run must never reach from one text into the next
+    tight = Thresholds(min_loop_tokens=6, min_repeats=3, loop_tail_tokens=40, whitespace_chars=4)
+    for thresholds in (detector.DEFAULT_THRESHOLDS, tight):
+        assert detector.degeneration_many(texts, thresholds=thresholds) == [
+            exhaustive(text, thresholds) for text in texts
+        ]
+
+
+def test_no_loop_or_run_spans_two_texts():
+    # each text alone is clean; joined, the first's end and the second's start would make a loop of one
+    # token (x repeated 30 times) and a run of 40 whitespace characters with newlines
+    words = " ".join(f"word{i}" for i in range(24))
+    first, second = f"{words} " + "x " * 15, "x " * 15 + words
+    pad_end, pad_start = "some words then" + "\n " * 10, "\n " * 10 + "more words"
+    assert [f.kind for f in degeneration(first + second)] == ["ngram_loop"]
+    assert [f.kind for f in degeneration(pad_end + pad_start)] == ["whitespace_run"]
+    batch = [first, second, pad_end, pad_start]
+    assert detector.degeneration_many(batch) == [[], [], [], []]
+    assert suspects_many(batch, detector.DEFAULT_THRESHOLDS) == [frozenset()] * 4
+    # nor between a text's last tokens and what the screen puts after them: with thresholds that a
+    # run of 14 equal keys passes, a clean text is still ruled out
+    tight = Thresholds(min_loop_tokens=6, min_repeats=3, whitespace_chars=4)
+    clean = ["one two three four five six seven", "eight nine ten"]
+    assert suspects_many(clean, tight) == [frozenset()] * 2

@@ -3,7 +3,7 @@
 Kept apart from the `regen.jobs.generate` package on purpose: a spawned worker imports the module of
 every function it is handed, and the package pulls in aiohttp, the CLI and the job (about 0.3 s of CPU
 more per worker start, taken from the job and the server in the run's first second). This module needs
-only the detector.
+only the detector, and imports it (and numpy with it) only once the worker runs at its low priority.
 """
 
 from __future__ import annotations
@@ -12,16 +12,28 @@ import contextlib
 import ctypes
 import os
 import signal
+from typing import TYPE_CHECKING
 
-from regen.quality.detector import Finding, degeneration
+if TYPE_CHECKING:
+    from regen.quality.detector import Finding
 
 WORKER_NICE = 10
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# glibc's mallopt parameters (malloc.h) and the values the worker sets: the screen allocates arrays of a
+# few hundred KB per batch, which by default glibc gives back to the kernel at each free (the heap's top
+# is trimmed past 128 KB, larger blocks are mmap'd), so every batch paid page faults on fresh memory:
+# 1.7-2.4x the CPU of the screen on ~6-24 KB answers (docs/performance.md). The worker keeps what it
+# used (a few MB) instead.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_KEEP_FREED_BYTES = 256 << 20
+_HEAP_BLOCKS_UP_TO = 64 << 20
 
 
 def judge_many(texts: list[str | None]) -> list[list[Finding]]:
-    """The findings of each text (runs in a worker process)."""
-    return [degeneration(text) for text in texts]
+    """The findings of each text (runs in a worker process), the batch screened at once."""
+    from regen.quality.detector import degeneration_many
+
+    return degeneration_many(texts)
 
 
 def worker_init(job_pid: int) -> None:
@@ -40,9 +52,15 @@ def worker_init(job_pid: int) -> None:
     except (OSError, AttributeError):  # not Linux, or not allowed: a lower priority still
         with contextlib.suppress(OSError):  # not allowed either: the job's own priority
             os.nice(WORKER_NICE)
+    with contextlib.suppress(OSError, AttributeError):  # glibc's; another libc keeps its own policy
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_FREED_BYTES)
+        libc.mallopt(_M_MMAP_THRESHOLD, _HEAP_BLOCKS_UP_TO)
 
 
 def warm() -> bool:
-    # imports numpy and the screen in the worker before the first answer arrives
+    # imports numpy and the screen in the worker (at its low priority) before the first answer arrives
+    from regen.quality.detector import degeneration
+
     degeneration("warm up the worker: " * 4)
     return True

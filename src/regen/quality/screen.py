@@ -22,18 +22,36 @@ the screen only skips work that could not have produced a finding. The tokenizat
 detector's (`\\w+|([^\\w\\s])\\1*`): a character is a word character where `str.isalnum()` or `_`, space
 where `str.isspace()`, the same classes Python's `re` uses for str patterns.
 
+Texts are screened in batches (`suspects_many`; `suspects` is a batch of one): the generation job's judge
+worker hands over the answers that finished together, and one numpy pass over their concatenation
+replaces one per answer. Measured in the worker (bench/results/2026-12-07-screen-batches/): 41 us per
+~6 KB answer instead of 71, 110 us per ~24 KB answer instead of 135; nothing about a text depends on the
+texts beside it (tests/unit/test_quality_screen.py holds the batch against each text alone).
+
 numpy is part of the jobs' dependencies (the generation job's ledger uses it); without it the detector
 runs every check, with the same results.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 
 import numpy as np
 
 _SPACE, _WORD, _PUNCT = 0, 1, 2
+# Texts are screened in batches (`suspects_many`): one concatenation, each text followed by a separator
+# that no text holds, with a class of its own (it starts and ends no token and breaks every whitespace
+# run) and a code point equal to no character. One pass of each numpy operation over the batch then
+# replaces one per text, whose fixed cost (about 1 us a call, some 60 calls) was most of the screen of an
+# answer up to ~10 KB.
+_SEP = 3
+_SEP_CP = 0x110000  # one past the last code point: no str holds it
+_ASCII_SEP = 0xFF  # no ASCII text holds it
+# A batch stops growing past this many characters: its arrays stay a few MB (cache-sized) however long
+# the answers are, and one pass over them already costs far more than the calls.
+BATCH_CHARS = 1 << 18
 
 
 def _class_of(char: str) -> int:
@@ -47,11 +65,12 @@ def _class_of(char: str) -> int:
 # The class of every code point, filled in as characters are met: 255 until looked up. One byte per
 # code point (1.1 MB), so a text's classes are one indexing operation once its characters were seen.
 _UNKNOWN = 255
-_CLASS = np.full(0x110000, _UNKNOWN, dtype=np.uint8)
+_CLASS = np.full(_SEP_CP + 1, _UNKNOWN, dtype=np.uint8)
 _CLASS[:128] = [_class_of(chr(i)) for i in range(128)]
+_CLASS[_SEP_CP] = _SEP
 # An ASCII text (most answers) is read as bytes: its classes and its characters without whitespace come
 # from bytes.translate, a C loop, instead of indexing and masking code-point arrays.
-_ASCII_CLASS = bytes(_CLASS[:128].tolist()) + bytes(128)
+_ASCII_CLASS = bytes(_CLASS[:128].tolist()) + bytes(127) + bytes((_SEP,))
 _ASCII_SPACES = bytes(i for i in range(128) if _CLASS[i] == _SPACE)
 
 
@@ -90,12 +109,8 @@ def _text_arrays(text: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _ascii_arrays(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(code points, classes, the code points without whitespace) of an ASCII text, as uint8."""
-    raw = text.encode("ascii")
-    return (
-        np.frombuffer(raw, dtype=np.uint8),
-        np.frombuffer(raw.translate(_ASCII_CLASS), dtype=np.uint8),
-        np.frombuffer(raw.translate(None, _ASCII_SPACES), dtype=np.uint8),
-    )
+    batch = _ascii_batch([text])
+    return batch.cp, batch.cls, batch.chars
 
 
 @functools.lru_cache(maxsize=64)
@@ -125,7 +140,7 @@ def _token_keys(cp: np.ndarray, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray
     order: `key` a uint32 hash of the token's first and last characters and its length, `first` where the
     token starts, `last_offset` its last character's offset from the first (its length - 1). Equal
     tokens get equal keys (a collision can only make more of them equal), which is all the bounds below
-    need."""
+    need. A separator (a batch's) is neither a word nor punctuation: it starts and ends no token."""
     word = cls == _WORD
     punct = cls == _PUNCT
     differs = cp[1:] != cp[:-1]
@@ -134,10 +149,10 @@ def _token_keys(cp: np.ndarray, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray
     # repeats the one before it ("-----" is one token); it ends where the next character would not
     # continue it
     starts = np.empty(cls.size, dtype=bool)
-    starts[0] = cls[0] != _SPACE
+    starts[0] = word[0] or punct[0]
     starts[1:] = (word_edge & word[1:]) | (punct[1:] & differs)
     ends = np.empty(cls.size, dtype=bool)
-    ends[-1] = cls[-1] != _SPACE
+    ends[-1] = word[-1] or punct[-1]
     ends[:-1] = (word_edge & word[:-1]) | (punct[:-1] & differs)
     first = np.flatnonzero(starts)
     last = np.flatnonzero(ends)
@@ -148,60 +163,191 @@ def _token_keys(cp: np.ndarray, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return key, first, last_offset
 
 
+class _Batch:
+    """Texts concatenated, each followed by a separator: `cp` their characters, `cls` the classes,
+    `chars` the characters without whitespace; text i is cp[bounds[i] : bounds[i + 1] - 1] and
+    chars[char_bounds[i] : char_bounds[i + 1] - 1]."""
+
+    def __init__(self, cp, cls, chars, bounds: list[int], char_bounds: list[int]):
+        self.cp, self.cls, self.chars = cp, cls, chars
+        self.bounds, self.char_bounds = bounds, char_bounds
+
+
+def _bounds(lengths: list[int]) -> list[int]:
+    bounds = [0]
+    for length in lengths:
+        bounds.append(bounds[-1] + length + 1)
+    return bounds
+
+
+def _ascii_batch(texts: list[str]) -> _Batch:
+    raws = [text.encode("ascii") for text in texts]
+    chars = [raw.translate(None, _ASCII_SPACES) for raw in raws]
+    sep = bytes((_ASCII_SEP,))
+    joined = sep.join(raws)
+    return _Batch(
+        np.frombuffer(joined, dtype=np.uint8),
+        np.frombuffer(joined.translate(_ASCII_CLASS), dtype=np.uint8),
+        np.frombuffer(sep.join(chars), dtype=np.uint8),
+        _bounds([len(raw) for raw in raws]),
+        _bounds([len(c) for c in chars]),
+    )
+
+
+def _code_point_batch(texts: list[str]) -> _Batch:
+    parts = [_code_points(text) for text in texts]
+    if len(parts) == 1:
+        cp = parts[0]
+    else:
+        sep = np.array([_SEP_CP], dtype="<u4")
+        cp = np.concatenate([part for code_points in parts for part in (code_points, sep)][:-1])
+    cls = _classes(cp)
+    chars = cp[cls != _SPACE]
+    ends = np.flatnonzero(chars == _SEP_CP).tolist() if len(parts) > 1 else []
+    char_bounds = [0, *(end + 1 for end in ends), chars.size + 1]
+    return _Batch(cp, cls, chars, _bounds([len(part) for part in parts]), char_bounds)
+
+
 def suspects(text: str, t) -> frozenset[str]:
     """The names of the checks (`one_token_repeated`, `ngram_loop`, `whitespace_run`) that could find
     something in `text` under thresholds `t`; the others cannot. `text` is not empty."""
-    if text.isascii():
-        cp, cls, chars = _ascii_arrays(text)
+    return suspects_many([text], t)[0]
+
+
+def suspects_many(texts: list[str], t) -> list[frozenset[str]]:
+    """`suspects` of each text, screened in batches of up to BATCH_CHARS characters (ASCII texts apart
+    from the others, which are read as code points). None of the texts is empty."""
+    found: list[frozenset[str]] = [frozenset()] * len(texts)
+    for ascii_only in (True, False):
+        batch: list[int] = []
+        size = 0
+        for i, text in enumerate(texts):
+            if text.isascii() is not ascii_only:
+                continue
+            batch.append(i)
+            size += len(text)
+            if size >= BATCH_CHARS:
+                _screen_into(found, batch, texts, ascii_only, t)
+                batch, size = [], 0
+        if batch:
+            _screen_into(found, batch, texts, ascii_only, t)
+    return found
+
+
+def _screen_into(found: list, which: list[int], texts: list[str], ascii_only: bool, t) -> None:
+    chosen = [texts[i] for i in which]
+    batch = _ascii_batch(chosen) if ascii_only else _code_point_batch(chosen)
+    for i, could in zip(which, _screen_batch(batch, t), strict=True):
+        found[i] = frozenset(could)
+
+
+def _screen_batch(b: _Batch, t) -> list[set[str]]:
+    count = len(b.bounds) - 1
+    found: list[set[str]] = [set() for _ in range(count)]
+
+    # whitespace_run: only a run of at least whitespace_chars whitespace characters can be one (a
+    # separator ends every run, so a run found lies in one text)
+    if t.whitespace_chars <= 0:
+        for could in found:
+            could.add("whitespace_run")
     else:
-        cp, cls = _text_arrays(text)
-        chars = cp[cls != _SPACE]
-    found: set[str] = set()
+        classes = b.cls.tobytes()
+        run = bytes((_SPACE,)) * t.whitespace_chars
+        at = classes.find(run)
+        while at >= 0:
+            i = bisect.bisect_right(b.bounds, at) - 1
+            found[i].add("whitespace_run")
+            at = classes.find(run, b.bounds[i + 1]) if i + 1 < count else -1
 
-    # whitespace_run: only a run of at least whitespace_chars whitespace characters can be one
-    if _has_run(cls, t.whitespace_chars, _SPACE):
-        found.add("whitespace_run")
+    # one_token_repeated, for characters: the most common non-space character's share, where the
+    # neighbour bound allows one to reach it; ASCII characters counted one by one, all others in one
+    # bin (an upper bound for each of them)
+    screened = []  # the texts with a character that is not whitespace
+    for i in range(count):
+        chars = b.chars[b.char_bounds[i] : b.char_bounds[i + 1] - 1]
+        n_chars = chars.size
+        if n_chars == 0:
+            continue
+        screened.append(i)
+        if n_chars >= t.char_min_chars and _may_hold_a_majority(chars, t.char_share):
+            counts = np.bincount(chars if chars.dtype == np.uint8 else np.minimum(chars, 128))
+            top = int(counts.max())
+            if top / n_chars >= t.char_share and counts.size == 129 and counts[128] == top:
+                top = max(
+                    int(counts[:128].max()), int(np.unique(chars[chars >= 128], return_counts=True)[1].max())
+                )
+            if top / n_chars >= t.char_share:
+                found[i].add("one_token_repeated")
+    if not screened:
+        return found
 
-    n_chars = chars.size
-    if n_chars == 0:
-        return frozenset(found)
-    if n_chars >= t.char_min_chars and _may_hold_a_majority(chars, t.char_share):
-        # ASCII characters counted one by one; all others in one bin, an upper bound for each of them
-        counts = np.bincount(chars if chars.dtype == np.uint8 else np.minimum(chars, 128))
-        top = int(counts.max())
-        if top / n_chars >= t.char_share and counts.size == 129 and counts[128] == top:
-            top = max(
-                int(counts[:128].max()), int(np.unique(chars[chars >= 128], return_counts=True)[1].max())
-            )
-        if top / n_chars >= t.char_share:
-            found.add("one_token_repeated")
+    # the tokens of every text at once; text i's are keys[token_bounds[i] : token_bounds[i + 1]]
+    keys, first, last_offset = _token_keys(b.cp, b.cls)
+    token_bounds = np.searchsorted(first, b.bounds).tolist()
+    tails: list[tuple[int, int, int]] = []  # (text, first token of its tail, end)
+    for i in screened:
+        lo, hi = token_bounds[i], token_bounds[i + 1]
+        n_tokens = hi - lo
+        if "one_token_repeated" not in found[i] and n_tokens >= t.word_min_words:
+            # the fullest of 4096 key buckets bounds the most common token's count
+            top = int(np.bincount(keys[lo:hi] >> np.uint32(20)).max())
+            if top / n_tokens >= t.word_share:
+                found[i].add("one_token_repeated")
+        # the loop search reads the last loop_tail_tokens tokens, sliced as the detector slices its list
+        tail = range(lo, hi)[-t.loop_tail_tokens :]
+        if len(tail) >= 2:
+            tails.append((i, tail.start, tail.stop))
+    if tails and t.max_n >= 1:
+        for i in _loop_suspects(tails, keys, first, last_offset, b.cp, t):
+            found[i].add("ngram_loop")
+    return found
 
-    keys, first, last_offset = _token_keys(cp, cls)
-    n_tokens = keys.size
-    if "one_token_repeated" not in found and n_tokens >= t.word_min_words:
-        # the fullest of 4096 key buckets bounds the most common token's count
-        top = int(np.bincount(keys >> np.uint32(20)).max())
-        if top / n_tokens >= t.word_share:
-            found.add("one_token_repeated")
 
-    # the loop search reads the last loop_tail_tokens tokens, as the detector slices its list (0: all);
-    # their keys also take the second character (the first again for a one-character token), which
-    # tells apart tokens like w12 and w22 that a loop at a lag of 10 would otherwise confuse
-    in_tail = slice(-t.loop_tail_tokens, None)
-    second = cp[first[in_tail] + (last_offset[in_tail] > 0)]
-    tail = keys[in_tail] ^ (second.astype(np.uint32) * np.uint32(0x85EBCA77))
-    size = tail.size
-    max_n = min(t.max_n, size // 2)
-    if max_n >= 1:
-        # same[n-1, j]: tail[j] == tail[j + n]; a False closes every row, so runs never join
-        same = np.zeros((max_n, size + 1), dtype=bool)
-        for n in range(1, max_n + 1):
-            np.equal(tail[n:], tail[:-n], out=same[n - 1, : size - n])
-        if _has_run(same, _min_loop_run(max_n, t)):
-            # a run long enough for some n: settle it per n (rare in normal text)
-            run_starts, run_lengths = _run_lengths(same.ravel())
-            n = run_starts // (size + 1) + 1
-            repeats = run_lengths // n + 1
-            if bool(((repeats >= t.min_repeats) & (repeats * n >= t.min_loop_tokens)).any()):
-                found.add("ngram_loop")
-    return frozenset(found)
+def _loop_suspects(tails, keys, first, last_offset, cp, t) -> set[int]:
+    """The texts whose tail may hold an n-gram loop: the tails' keys side by side, `max_n` distinct spacer
+    keys between two tails (no comparison at a lag of up to max_n meets the next tail), and for every lag
+    n <= max_n the runs of positions j with key[j] == key[j + n]."""
+    gap = t.max_n
+    spans = [hi - lo for _, lo, hi in tails]
+    total = sum(spans) + gap * len(tails)
+    if len(tails) == 1:  # one text: its tokens' arrays sliced, not gathered
+        index: slice | np.ndarray = slice(tails[0][1], tails[0][2])
+    else:
+        index = np.concatenate([np.arange(lo, hi) for _, lo, hi in tails])
+    # the keys also take the second character (the first again for a one-character token), which tells
+    # apart tokens like w12 and w22 that a loop at a lag of 10 would otherwise confuse; a token's key is
+    # even and a spacer's odd, so the two never meet (clearing a bit can only make more keys equal)
+    second = cp[first[index] + (last_offset[index] > 0)]
+    tail_keys = keys[index] ^ (second.astype(np.uint32) * np.uint32(0x85EBCA77))
+    tail_keys &= np.uint32(0xFFFFFFFE)
+    # then `gap` more spacers (other odd keys), so that every position has a key at each lag
+    row = np.empty(total + gap, dtype=np.uint32)
+    spacer = np.arange(1, 2 * gap, 2, dtype=np.uint32)
+    starts = []  # where each tail begins in `row`
+    at = taken = 0
+    for span in spans:
+        starts.append(at)
+        row[at : at + span] = tail_keys[taken : taken + span]
+        row[at + span : at + span + gap] = spacer
+        at += span + gap
+        taken += span
+    row[total:] = spacer + np.uint32(2 * gap)
+    # same[n-1, j]: row[j] == row[j + n], for every lag in one comparison of a sliding window; a row of
+    # `same` ends on a spacer (False), so runs never join
+    # shifted[n-1, j] = row[j + n]: a view of `row`, one element further on each line
+    step = row.itemsize
+    shifted = np.ndarray((gap, total), dtype=row.dtype, buffer=row, offset=step, strides=(step, step))
+    same = shifted == row[:total]
+    if not _has_run(same, _min_loop_run(gap, t)):
+        return set()
+    # a run long enough for some n: settle it per n and per text (rare in normal text)
+    run_starts, run_lengths = _run_lengths(same.ravel())
+    n = run_starts // total + 1
+    repeats = run_lengths // n + 1
+    looping = (repeats >= t.min_repeats) & (repeats * n >= t.min_loop_tokens)
+    suspect = set()
+    for start, lag in zip((run_starts % total)[looping].tolist(), n[looping].tolist(), strict=True):
+        k = bisect.bisect_right(starts, start) - 1
+        if lag <= spans[k] // 2:  # the detector searches n up to half the tail
+            suspect.add(tails[k][0])
+    return suspect
