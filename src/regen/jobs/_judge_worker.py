@@ -22,7 +22,7 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # glibc's mallopt parameters (malloc.h) and the values the worker sets: the screen allocates arrays of a
 # few hundred KB per batch, which by default glibc gives back to the kernel at each free (the heap's top
 # is trimmed past 128 KB, larger blocks are mmap'd), so every batch paid page faults on fresh memory:
-# 1.7-2.4x the CPU of the screen on ~6-24 KB answers (docs/performance.md). The worker keeps what it
+# 1.5-2.2x the CPU of the screen on ~4-24 KB answers (bench/bench_screen.py). The worker keeps what it
 # used (a few MB) instead.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _KEEP_FREED_BYTES = 256 << 20

@@ -206,13 +206,17 @@ def degeneration_many(
     """`degeneration` of each text. The same findings as one call per text, for less CPU: the screen
     reads the texts as one batch (regen.quality.screen.suspects_many)."""
     texts = [text or "" for text in texts]
-    # not text.strip(): no copy of a long answer
-    shaped = [i for i, text in enumerate(texts) if text and not text.isspace()]
+    found: list[list[Finding]] = []
+    shaped: list[int] = []  # the texts with something besides whitespace: the others are `empty`
+    for i, text in enumerate(texts):
+        if not text:
+            found.append([Finding("empty", "the content is empty")])
+        elif text.isspace():  # not text.strip(): no copy of a long answer
+            found.append([Finding("empty", f"only whitespace ({len(text)} characters)")])
+        else:
+            found.append([])
+            shaped.append(i)
     coulds = _screen([texts[i] for i in shaped], thresholds) if _screen is not None and shaped else None
-    found = [
-        [Finding("empty", f"only whitespace ({len(text)} characters)" if text else "the content is empty")]
-        for text in texts
-    ]
     for k, i in enumerate(shaped):
         found[i] = _findings(texts[i], None if coulds is None else coulds[k], tokenizer, thresholds)
     return found

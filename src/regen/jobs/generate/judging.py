@@ -6,9 +6,9 @@ answer. Run inside the event loop, that time is time in which no response is rea
 sent (issue 29). With `workers` > 0 the answers finished in the same moment go, as one batch, to a
 process pool and the loop goes back to I/O; the worker screens the batch at once (`judge_many`: about
 0.06 ms per ~6 KB answer, 0.13 ms per ~24 KB one, bench/bench_screen.py), and the record waits for its
-verdict (it carries the findings) and is written after. The workers run at the lowest priority (SCHED_IDLE; nice +10 where that is not
-allowed): on a host where the CPUs are short, the client's I/O and a local server come first, and the
-checks use what is left.
+verdict (it carries the findings) and is written after. The workers run at the lowest priority
+(SCHED_IDLE; nice +10 where that is not allowed): on a host where the CPUs are short, the client's I/O
+and a local server come first, and the checks use what is left.
 
 When the workers fall behind (more than `backlog` answers waiting for a verdict), an answer is written
 without one: the rolling share is then judged on the answers that were checked (a sample, taken as they
