@@ -102,8 +102,9 @@ def test_ascii_fast_path_reads_the_same_arrays():
         "".join(chr(rng.randrange(128)) for _ in range(rng.randint(1, 200))) for _ in range(50)
     ]
     for text in texts:
-        cp, cls, chars = screen._ascii_arrays(text)
-        ref_cp, ref_cls = screen._text_arrays(text)
+        ascii_path, ref = screen._ascii_batch([text]), screen._code_point_batch([text])
+        cp, cls, chars = ascii_path.cp, ascii_path.cls, ascii_path.chars
+        ref_cp, ref_cls = ref.cp, ref.cls
         assert cp.tolist() == ref_cp.tolist()
         assert cls.tolist() == ref_cls.tolist()
         assert chars.tolist() == ref_cp[ref_cls != screen._SPACE].tolist()
@@ -112,10 +113,8 @@ def test_ascii_fast_path_reads_the_same_arrays():
 def _text_arrays_of(text):
     from regen.quality import screen
 
-    if text.isascii():
-        cp, cls, _ = screen._ascii_arrays(text)
-        return cp, cls
-    return screen._text_arrays(text)
+    batch = screen._ascii_batch([text]) if text.isascii() else screen._code_point_batch([text])
+    return batch.cp, batch.cls
 
 
 @settings(max_examples=300, deadline=None)

@@ -41,11 +41,8 @@ import math
 import numpy as np
 
 _SPACE, _WORD, _PUNCT = 0, 1, 2
-# Texts are screened in batches (`suspects_many`): one concatenation, each text followed by a separator
-# that no text holds, with a class of its own (it starts and ends no token and breaks every whitespace
-# run) and a code point equal to no character. One pass of each numpy operation over the batch then
-# replaces one per text, whose fixed cost (about 1 us a call, some 60 calls) was most of the screen of an
-# answer up to ~10 KB.
+# In a batch's concatenation each text is followed by a separator that no text holds: a class of its own
+# (it starts and ends no token and breaks every whitespace run) and a code point equal to no character.
 _SEP = 3
 _SEP_CP = 0x110000  # one past the last code point: no str holds it
 _ASCII_SEP = 0xFF  # no ASCII text holds it
@@ -80,10 +77,9 @@ def _run_lengths(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return edges[::2], edges[1::2] - edges[::2]
 
 
-def _has_run(values: np.ndarray, length: int, value: int = 1) -> bool:
-    """Whether a one-byte array (bool or uint8) holds `length` elements equal to `value` in a row (a C
-    substring search of its bytes)."""
-    return length <= 0 or bytes((value,)) * length in values.tobytes()
+def _has_run(mask: np.ndarray, length: int) -> bool:
+    """Whether a boolean array holds `length` True in a row (a C substring search of its bytes)."""
+    return length <= 0 or b"\x01" * length in mask.tobytes()
 
 
 def _code_points(text: str) -> np.ndarray:
@@ -99,18 +95,6 @@ def _classes(cp: np.ndarray) -> np.ndarray:
         _CLASS[new] = [_class_of(chr(c)) for c in new.tolist()]
         cls = _CLASS[cp]
     return cls
-
-
-def _text_arrays(text: str) -> tuple[np.ndarray, np.ndarray]:
-    """(code points, classes) of any text."""
-    cp = _code_points(text)
-    return cp, _classes(cp)
-
-
-def _ascii_arrays(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(code points, classes, the code points without whitespace) of an ASCII text, as uint8."""
-    batch = _ascii_batch([text])
-    return batch.cp, batch.cls, batch.chars
 
 
 @functools.lru_cache(maxsize=64)
@@ -332,9 +316,8 @@ def _loop_suspects(tails, keys, first, last_offset, cp, t) -> set[int]:
         at += span + gap
         taken += span
     row[total:] = spacer + np.uint32(2 * gap)
-    # same[n-1, j]: row[j] == row[j + n], for every lag in one comparison of a sliding window; a row of
-    # `same` ends on a spacer (False), so runs never join
-    # shifted[n-1, j] = row[j + n]: a view of `row`, one element further on each line
+    # same[n-1, j]: row[j] == row[j + n], every lag in one comparison with a view of `row` that starts one
+    # element further on each line; a line of `same` ends on a spacer (False), so runs never join
     step = row.itemsize
     shifted = np.ndarray((gap, total), dtype=row.dtype, buffer=row, offset=step, strides=(step, step))
     same = shifted == row[:total]
